@@ -1,0 +1,33 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``platform ls [kind]``: list registered plugins and where each comes from (imports no plugin)."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ls", help="list registered plugins: platform ls [kind]")
+    p.add_argument("kind", nargs="?", help="target, drafter, selector, predictor, verifier, dataset, stage")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specmoe.errors import UserError
+    from specmoe.registry import KINDS, registry_for
+
+    try:
+        regs = [registry_for(args.kind)] if args.kind else list(KINDS.values())
+    except KeyError as exc:
+        raise UserError(str(exc).strip("'\"")) from None
+    for reg in regs:
+        print(f"{reg.kind}s ({reg.group}):")
+        entries = reg.entries()
+        if not entries:
+            print("  (none)")
+        width = max((len(n) for n, _, _ in entries), default=0)
+        for name, target, origin in entries:
+            print(f"  {name:<{width}}  {target}  [{origin}]")
+    return 0

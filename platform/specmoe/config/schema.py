@@ -1,0 +1,146 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The typed schema of a run recipe.
+
+A component is written in a recipe as its registry key, or as ``{name: <key>, <kwarg>: ...}``; the kwargs
+are validated against the plugin's own ``Config`` dataclass. ``name`` may also be ``"pkg.mod:Class"``.
+Fields holding components carry ``metadata={"kind": <kind>}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+__all__ = ["Component", "StageSpec", "DecodingConfig", "MethodConfig", "EvalConfig", "TrackingConfig",
+           "RequiresConfig", "RunConfig", "component"]
+
+
+@dataclass
+class Component:
+    """A plugin reference: registry key (or import path) plus validated keyword arguments."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    kind: str = ""
+
+    def plugin_class(self) -> type:
+        from specmoe.registry import registry_for
+
+        return registry_for(self.kind).get(self.name)
+
+    def build(self, **overrides: Any) -> Any:
+        """Instantiate the plugin with its typed ``Config``."""
+        cls = self.plugin_class()
+        return cls(cls.Config(**{**self.options, **overrides}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.options}
+
+
+def component(kind: str, default: str | None = None, optional: bool = False) -> Any:
+    """Dataclass field holding a component of ``kind`` (default: registry key ``default``)."""
+    md = {"kind": kind}
+    if default is not None:
+        return field(default_factory=lambda: Component(default, {}, kind), metadata=md)
+    if optional:
+        return field(default=None, metadata=md)
+    return field(metadata=md)
+
+
+@dataclass
+class StageSpec:
+    """A stage in the recipe: ``{id: <id>, name: <stage key>, <kwargs>}``; others refer to it as
+    ``"stage:<id>"``."""
+
+    id: str
+    component: Component
+
+
+@dataclass
+class DecodingConfig:
+    """Speculative decoding settings (paper defaults: 3 steps, top-2, gamma = 4, batch 1)."""
+
+    budget: int = 4
+    """gamma: tokens verified per step, root (bonus token) included."""
+    steps: int = 3
+    """draft levels (forward steps of the drafter)."""
+    top_k: int = 2
+    """branching factor of the draft tree."""
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    """0 = greedy; > 0 samples from softmax(logits / T) of the target (lossless)."""
+    batch_size: int = 1
+    stop_strings: list[str] = field(default_factory=list)
+    """generation of a row stops at the first token where the decoded output contains one of these."""
+    ignore_eos: bool = False
+
+
+@dataclass
+class MethodConfig:
+    """A named decoding method: drafter + predictor + selector (+ verifier). No drafter = autoregressive."""
+
+    name: str
+    drafter: Optional[Component] = component("drafter", optional=True)
+    selector: Component = component("selector", "confidence")
+    predictor: Optional[Component] = component("predictor", optional=True)
+    verifier: Component = component("verifier", "hf")
+    analysis_only: bool = False
+    """results are for analysis (e.g. oracle expert sets) and never reported as a real speedup."""
+
+
+@dataclass
+class EvalConfig:
+    """The evaluation grid: methods x datasets x temperatures x budgets x batch sizes."""
+
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    budgets: list[int] = field(default_factory=list)
+    """gamma values; empty = [decoding.budget]."""
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    warmup: int = 1
+    """untimed warm-up generations before each timed method."""
+    seed: int = 0
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment tracking (MLflow)."""
+
+    enabled: bool = True
+    uri: Optional[str] = None
+    """tracking URI; default: $MLFLOW_TRACKING_URI, else sqlite ``mlflow.db`` in the working directory."""
+    experiment: Optional[str] = None
+    """experiment name; default: the recipe name."""
+    artifact_location: Optional[str] = None
+
+
+@dataclass
+class RequiresConfig:
+    """Resources a recipe needs; checked before any work starts."""
+
+    cuda_devices: int = 0
+    gpu_memory_gb: float = 0.0
+
+
+@dataclass
+class RunConfig:
+    """A whole recipe."""
+
+    name: str
+    description: str = ""
+    seed: int = 0
+    imports: list[str] = field(default_factory=list)
+    """modules or ``.py`` files imported before plugins are resolved (ad-hoc ``@register`` code)."""
+    variables: dict[str, Any] = field(default_factory=dict)
+    """free-form values for ``${variables.x}`` interpolation."""
+    output_dir: str = "runs"
+    cache_dir: str = ".specmoe_cache"
+    data_dir: Optional[str] = None
+    """benchmark data directory (layout of ../shared/data); default: $SPECMOE_DATA_DIR."""
+    requires: RequiresConfig = field(default_factory=RequiresConfig)
+    stages: list[StageSpec] = field(default_factory=list)
+    target: Optional[Component] = component("target", optional=True)
+    datasets: list[Component] = field(default_factory=list, metadata={"kind": "dataset"})
+    methods: list[MethodConfig] = field(default_factory=list)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)

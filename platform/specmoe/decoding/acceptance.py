@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Lossless acceptance on a verified draft tree.
+
+Greedy (T = 0): walk from the root, at each node move to the child whose token equals the target's argmax
+there; the bonus token is the target's argmax at the last accepted node.
+
+Sampling (T > 0): multi-candidate recursive rejection with deterministic drafts (EAGLE/SGLang): at the
+current node with target distribution p, try the children in order; child x is accepted with probability
+p(x); on rejection p(x) is set to 0 and p renormalised. If every child is rejected, the bonus token is drawn
+from the residual p; after a fully accepted path it is drawn from p at the last node. The output then has
+exactly the target's distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Acceptance", "target_probs", "greedy_accept", "sample_accept", "accept"]
+
+
+@dataclass
+class Acceptance:
+    """Result for one row.
+
+    Attributes:
+        path: indices (into the verified nodes) of the accepted root-to-node path, root first.
+        bonus: the token the target emits after the path.
+    """
+
+    path: list[int]
+    bonus: int
+
+
+def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[..., V]`` logits -> float32 probabilities of ``softmax(logits / T)``."""
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def _children(parents: list[int], valid: list[bool]) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in parents]
+    for i, p in enumerate(parents):
+        if p >= 0 and valid[i]:
+            kids[p].append(i)
+    return kids
+
+
+def greedy_accept(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor,
+                  logits: torch.Tensor) -> Acceptance:
+    """One row: ``tokens [M]``, ``parents [M]``, ``valid [M]``, ``logits [M, V]`` of the verified nodes."""
+    argmax = logits.argmax(dim=-1).tolist()
+    toks = tokens.tolist()
+    kids = _children(parents.tolist(), valid.tolist())
+    path = [0]
+    while True:
+        want = argmax[path[-1]]
+        nxt = next((c for c in kids[path[-1]] if toks[c] == want), None)
+        if nxt is None:
+            return Acceptance(path, want)
+        path.append(nxt)
+
+
+def sample_accept(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, logits: torch.Tensor,
+                  temperature: float, generator: torch.Generator | None = None) -> Acceptance:
+    """One row, sampling at ``temperature > 0`` (see module docstring)."""
+    toks = tokens.tolist()
+    kids = _children(parents.tolist(), valid.tolist())
+    path = [0]
+    while True:
+        node = path[-1]
+        p = target_probs(logits[node], temperature)
+        moved = False
+        for c in kids[node]:
+            x = toks[c]
+            px = float(p[x])
+            u = float(torch.rand((), generator=generator, device=p.device))
+            if u < px:
+                path.append(c)
+                moved = True
+                break
+            p = p.clone()
+            p[x] = 0.0
+            total = p.sum()
+            if float(total) <= 0.0:  # numerically everything was rejected; only happens if p was one-hot
+                break
+            p = p / total
+        if not moved:
+            bonus = int(torch.multinomial(p, 1, generator=generator))
+            return Acceptance(path, bonus)
+
+
+def accept(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, logits: torch.Tensor,
+           temperature: float, generator: torch.Generator | None = None) -> Acceptance:
+    """Greedy when ``temperature == 0`` else sampling acceptance (one row)."""
+    if temperature <= 0:
+        return greedy_accept(tokens, parents, valid, logits)
+    return sample_accept(tokens, parents, valid, logits, temperature, generator)

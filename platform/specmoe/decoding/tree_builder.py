@@ -1,0 +1,89 @@
+# SPDX-License-Identifier: Apache-2.0
+"""EAGLE-2/3 dynamic candidate pool, shared by every drafter.
+
+Level 1 takes the ``top_k`` tokens of the root's draft distribution. Each further level expands every
+frontier node by its own ``top_k`` children (``top_k**2`` candidates, scored by cumulative log-probability),
+records all of them, and keeps the global ``top_k`` as the next frontier. The pool therefore holds
+``top_k + (steps - 1) * top_k**2`` candidates plus the root, in parent-before-child order.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from specmoe.decoding.tree import DraftTree
+
+__all__ = ["build_pool", "ExpandFn", "pool_size"]
+
+#: ``expand(tokens [B, k], pool_index [B, k], ancestors [B, k, P]) -> logp [B, k, V]``: run the drafter on
+#: the frontier nodes (target-vocabulary ids; ``V`` is the draft vocabulary); ``ancestors[b, i, j]`` says pool node j is a strict ancestor of
+#: frontier node i (the drafter lets each node attend to its processed ancestors only).
+ExpandFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def pool_size(steps: int, top_k: int) -> int:
+    """Nodes in the pool, root included."""
+    return 1 + top_k + max(steps - 1, 0) * top_k * top_k
+
+
+def build_pool(root_tokens: torch.Tensor, root_logp: torch.Tensor, expand: ExpandFn, steps: int, top_k: int,
+               to_target: Callable[[torch.Tensor], torch.Tensor] | None = None) -> DraftTree:
+    """Build the candidate pool.
+
+    Args:
+        root_tokens: ``[B]`` target-vocabulary root tokens.
+        root_logp: ``[B, V]`` draft log-probabilities of the token after the root.
+        expand: see :data:`ExpandFn`.
+        steps: tree levels below the root (the drafter runs ``steps`` forward passes including the root's).
+        top_k: branching factor.
+        to_target: maps draft-vocabulary ids to target ids (EAGLE-3 ``d2t``); identity if ``None``.
+    """
+    if to_target is None:
+        to_target = lambda t: t  # noqa: E731
+    if steps < 1 or top_k < 1:
+        raise ValueError("steps and top_k must be >= 1")
+    dev = root_logp.device
+    bsz = root_logp.shape[0]
+    n = pool_size(steps, top_k)
+    tokens = torch.zeros(bsz, n, dtype=torch.long, device=dev)
+    parents = torch.full((bsz, n), -1, dtype=torch.long, device=dev)
+    depth = torch.zeros(bsz, n, dtype=torch.long, device=dev)
+    logp = torch.zeros(bsz, n, dtype=torch.float32, device=dev)
+    path = torch.zeros(bsz, n, dtype=torch.float32, device=dev)
+    anc = torch.zeros(bsz, n, n, dtype=torch.bool, device=dev)  # strict ancestors
+    tokens[:, 0] = root_tokens
+
+    lp, tok = root_logp.float().topk(top_k, dim=-1)  # [B, k]
+    idx = torch.arange(1, 1 + top_k, device=dev)
+    tokens[:, idx] = to_target(tok)
+    parents[:, idx] = 0
+    depth[:, idx] = 1
+    logp[:, idx] = lp
+    path[:, idx] = lp
+    anc[:, idx, 0] = True
+    frontier = idx.expand(bsz, top_k).clone()  # pool indices [B, k]
+    nxt = 1 + top_k
+    ar_b = torch.arange(bsz, device=dev)[:, None]
+    for d in range(2, steps + 1):
+        f_tok = tokens.gather(1, frontier)
+        child_lp = expand(f_tok, frontier, anc[ar_b, frontier])  # [B, k, V]
+        c_lp, c_tok = child_lp.float().topk(top_k, dim=-1)  # [B, k, k]
+        f_path = path.gather(1, frontier)
+        cu = (f_path[:, :, None] + c_lp).reshape(bsz, -1)  # [B, k*k]
+        new_idx = torch.arange(nxt, nxt + top_k * top_k, device=dev)
+        par = frontier[:, :, None].expand(bsz, top_k, top_k).reshape(bsz, -1)
+        tokens[:, new_idx] = to_target(c_tok.reshape(bsz, -1))
+        parents[:, new_idx] = par
+        depth[:, new_idx] = d
+        logp[:, new_idx] = c_lp.reshape(bsz, -1)
+        path[:, new_idx] = cu
+        par_anc = anc[ar_b, par]  # [B, k*k, n]
+        par_anc[ar_b, torch.arange(top_k * top_k, device=dev)[None, :], par] = True
+        anc[:, new_idx] = par_anc
+        best = cu.topk(top_k, dim=-1).indices  # [B, k]
+        frontier = new_idx[best]
+        nxt += top_k * top_k
+    return DraftTree(tokens=tokens, parents=parents, depth=depth, logp=logp, path_logp=path,
+                     valid=torch.ones(bsz, n, dtype=torch.bool, device=dev))

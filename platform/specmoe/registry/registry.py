@@ -1,0 +1,217 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A generic, lazy plugin registry: one instance per component kind.
+
+Plugins arrive three ways, all lazy until :meth:`Registry.get`:
+
+* decorator: ``@selectors.register("mine")`` on a class;
+* lazy string: ``selectors.register("mine", target="my_pkg.mod:MySelector")``;
+* Python entry points in the group ``specmoe.<kind>s`` (built-ins are declared there too).
+
+A recipe may also name a class directly as ``"pkg.mod:Class"``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import inspect
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+__all__ = ["Registry", "RegistryError", "UnknownPluginError", "DuplicatePluginError", "normalize_name",
+           "import_object"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class RegistryError(Exception):
+    """Base class of registry errors."""
+
+
+class UnknownPluginError(RegistryError, KeyError):
+    """A name that no registered plugin has."""
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicatePluginError(RegistryError):
+    """Two different plugins under one name."""
+
+
+def normalize_name(name: str) -> str:
+    """Registry keys are lowercase snake_case; ``-`` and spaces become ``_``."""
+    return name.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+def import_object(path: str) -> Any:
+    """Import ``"pkg.mod:Attr"`` (or ``"pkg.mod.Attr"``) and return the attribute."""
+    if ":" in path:
+        mod_name, _, attr = path.partition(":")
+    else:
+        mod_name, _, attr = path.rpartition(".")
+    if not mod_name or not attr:
+        raise RegistryError(f"'{path}' is not an import path of the form 'package.module:Class'")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise RegistryError(f"cannot import module '{mod_name}' for '{path}': {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise RegistryError(f"module '{mod_name}' has no attribute '{attr}' (from '{path}')") from exc
+    return obj
+
+
+@dataclass
+class _Entry:
+    name: str
+    target: Any  # a class, or an import string "pkg.mod:Class"
+    origin: str  # human readable: where the registration came from
+
+    @property
+    def target_str(self) -> str:
+        if isinstance(self.target, str):
+            return self.target
+        return f"{self.target.__module__}:{self.target.__qualname__}"
+
+
+class Registry(Generic[T]):
+    """Registry of one component kind.
+
+    Args:
+        kind: singular kind name, e.g. ``"selector"``.
+        base: the interface every plugin must subclass, as a class or a lazy ``"mod:Class"`` string.
+        group: entry-point group; defaults to ``"specmoe.<kind>s"``.
+    """
+
+    def __init__(self, kind: str, base: type | str, group: str | None = None) -> None:
+        self.kind = kind
+        self._base = base
+        self.group = group or f"specmoe.{kind}s"
+        self._entries: dict[str, _Entry] = {}
+        self._loaded: dict[str, type] = {}
+        self._discovered = False
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ registration
+    def register(self, name: str, target: Any = None, *, origin: str | None = None,
+                 override: bool = False) -> Callable[[type], type] | None:
+        """Register ``target`` under ``name``; without ``target`` this is a class decorator."""
+        key = normalize_name(name)
+        if target is None:
+            def decorator(cls: type) -> type:
+                where = origin or f"decorator in {cls.__module__}"
+                self._add(_Entry(key, cls, where), override)
+                return cls
+            return decorator
+        if origin is None:
+            origin = "register() call" if isinstance(target, str) else f"register() in {target.__module__}"
+        self._add(_Entry(key, target, origin), override)
+        return None
+
+    def _add(self, entry: _Entry, override: bool) -> None:
+        with self._lock:
+            self._discover()
+            old = self._entries.get(entry.name)
+            if old is not None and not override:
+                if old.target_str == entry.target_str:
+                    return  # the same plugin registered again (e.g. re-import in a worker): harmless
+                raise DuplicatePluginError(
+                    f"{self.kind} '{entry.name}' is registered twice: {old.target_str} (from {old.origin}) "
+                    f"and {entry.target_str} (from {entry.origin}). Rename one, or pass override=True.")
+            self._entries[entry.name] = entry
+            self._loaded.pop(entry.name, None)
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            key = normalize_name(name)
+            self._entries.pop(key, None)
+            self._loaded.pop(key, None)
+
+    # ------------------------------------------------------------------ discovery
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        self._discovered = True
+        for ep in importlib.metadata.entry_points(group=self.group):
+            dist = getattr(ep, "dist", None)
+            where = f"entry point '{self.group}' of distribution '{dist.name if dist else '?'}'"
+            self._add(_Entry(normalize_name(ep.name), ep.value, where), override=False)
+
+    def _clear(self) -> None:
+        """Forget everything (tests only)."""
+        with self._lock:
+            self._entries.clear()
+            self._loaded.clear()
+            self._discovered = False
+
+    # ------------------------------------------------------------------ lookup
+    @property
+    def base(self) -> type:
+        if isinstance(self._base, str):
+            self._base = import_object(self._base)
+        return self._base  # type: ignore[return-value]
+
+    def names(self) -> list[str]:
+        with self._lock:
+            self._discover()
+            return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return normalize_name(name) in self.names() or ":" in name
+
+    def origin(self, name: str) -> str:
+        entry = self._entry(name)
+        return f"{entry.target_str} ({entry.origin})"
+
+    def entries(self) -> list[tuple[str, str, str]]:
+        """``(name, target, origin)`` for every registered plugin, sorted by name."""
+        return [(n, self._entries[n].target_str, self._entries[n].origin) for n in self.names()]
+
+    def _entry(self, name: str) -> _Entry:
+        with self._lock:
+            self._discover()
+            key = normalize_name(name)
+            if key in self._entries:
+                return self._entries[key]
+            raise UnknownPluginError(self.unknown_message(name))
+
+    def unknown_message(self, name: str) -> str:
+        avail = self.names()
+        close = difflib.get_close_matches(normalize_name(name), avail, n=1, cutoff=0.5)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        return (f"unknown {self.kind} '{name}'.{hint} Available: {', '.join(avail) or '(none)'}. "
+                f"A class can also be named as 'package.module:Class'.")
+
+    def suggest(self, name: str) -> str | None:
+        close = difflib.get_close_matches(normalize_name(name), self.names(), n=1, cutoff=0.5)
+        return close[0] if close else None
+
+    def get(self, name: str) -> type[T]:
+        """Return the plugin class for ``name`` (a registry key or ``"pkg.mod:Class"``), importing it now."""
+        if ":" in name and normalize_name(name) not in self._entries:
+            cls = import_object(name)
+            self._check(name, cls)
+            return cls
+        entry = self._entry(name)
+        with self._lock:
+            if entry.name in self._loaded:
+                return self._loaded[entry.name]
+            cls = import_object(entry.target) if isinstance(entry.target, str) else entry.target
+            self._check(entry.name, cls, entry.origin)
+            self._loaded[entry.name] = cls
+            return cls
+
+    def _check(self, name: str, cls: Any, origin: str = "recipe") -> None:
+        base = self.base
+        if not (inspect.isclass(cls) and issubclass(cls, base)):
+            raise RegistryError(
+                f"{self.kind} '{name}' ({origin}) is {cls!r}, which does not subclass "
+                f"{base.__module__}.{base.__qualname__}: implement that interface.")

@@ -1,0 +1,71 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Recipe keys for ``lightning.Trainer`` shared by every training stage (multi-GPU / multi-node ready).
+
+Multi-node: launch the same command on every node with torchrun (``--nnodes N --node_rank R
+--master_addr HOST --master_port PORT --nproc_per_node G``) or under SLURM (``srun``); Lightning reads
+``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``WORLD_SIZE`` / the SLURM variables itself. Set
+``trainer.devices`` to the GPUs per node and ``trainer.num_nodes`` to N.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["TrainerOptions", "build_trainer"]
+
+
+@dataclass
+class TrainerOptions:
+    """Subset of ``lightning.Trainer`` arguments exposed in recipes (``trainer: {...}``)."""
+
+    accelerator: str = "auto"
+    devices: Any = 1
+    """devices per node: an int, a list of indices, or ``auto``."""
+    num_nodes: int = 1
+    strategy: str = "auto"
+    """``auto``, ``ddp``, ``fsdp``, ``ddp_spawn``, ``deepspeed_stage_2``..."""
+    precision: str = "32-true"
+    """``32-true``, ``bf16-mixed``, ``16-mixed``..."""
+    accumulate_grad_batches: int = 1
+    max_epochs: int = 1
+    max_steps: int = -1
+    max_time: Optional[str] = None
+    """wall-clock cap ``DD:HH:MM:SS``."""
+    val_check_interval: Optional[float] = None
+    check_val_every_n_epoch: int = 1
+    log_every_n_steps: int = 10
+    gradient_clip_val: Optional[float] = None
+    num_threads: Optional[int] = None
+    """torch intra-op threads per process (CPU); default: cores / processes on this node."""
+    enable_progress_bar: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+    """any other ``lightning.Trainer`` keyword argument."""
+
+
+def build_trainer(opts: TrainerOptions, out_dir: str | Path, *, callbacks: list[Any] | None = None,
+                  logger: Any = None, **overrides: Any):
+    """A ``lightning.Trainer`` writing checkpoints and logs under ``out_dir`` (never ``lightning_logs/``)."""
+    import lightning as L
+    import torch
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    threads = opts.num_threads
+    if threads is None:
+        procs = opts.devices if isinstance(opts.devices, int) and opts.devices > 0 else 1
+        threads = max(1, (os.cpu_count() or 1) // procs)
+    torch.set_num_threads(threads)
+    kwargs: dict[str, Any] = dict(
+        accelerator=opts.accelerator, devices=opts.devices, num_nodes=opts.num_nodes, strategy=opts.strategy,
+        precision=opts.precision, accumulate_grad_batches=opts.accumulate_grad_batches,
+        max_epochs=opts.max_epochs, max_steps=opts.max_steps, max_time=opts.max_time,
+        val_check_interval=opts.val_check_interval, check_val_every_n_epoch=opts.check_val_every_n_epoch,
+        log_every_n_steps=opts.log_every_n_steps, gradient_clip_val=opts.gradient_clip_val,
+        enable_progress_bar=opts.enable_progress_bar, default_root_dir=str(out), callbacks=callbacks or [],
+        logger=logger if logger is not None else False, enable_model_summary=False)
+    kwargs.update(opts.extra)
+    kwargs.update(overrides)
+    return L.Trainer(**kwargs)

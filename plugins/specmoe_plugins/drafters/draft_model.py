@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``draft_model``: classic speculative decoding with a small Hugging Face causal LM as the drafter.
+
+The draft model must share the target's vocabulary. It keeps its own KV cache of the committed context;
+while it expands a tree, uncommitted nodes live in extra cache slots that are dropped afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from specmoe.decoding.kv import KVState
+from specmoe.decoding.tree import DraftTree
+from specmoe.decoding.tree_builder import build_pool
+from specmoe.errors import UserError
+from specmoe.interfaces.drafter import Committed, Drafter
+from specmoe.models.hf_masks import MaskSpec
+
+__all__ = ["DraftModelDrafter", "DraftState"]
+
+
+@dataclass
+class DraftState:
+    kv: KVState
+    root: torch.Tensor  # [B] current root token
+    root_logp: torch.Tensor | None = None  # [B, V]
+
+
+class DraftModelDrafter(Drafter):
+    """Tree drafting with an independent small causal LM (or the target itself, for testing)."""
+
+    description = "small HF causal LM with the target's vocabulary (classic SD)"
+
+    @dataclass
+    class Config:
+        path: Optional[str] = None
+        """checkpoint directory or hub id of the draft LM."""
+        tiny: Optional[dict[str, Any]] = None
+        """build a tiny random draft model (``{arch: ..., seed: ...}``; vocabulary taken from the target)."""
+        share_target: bool = False
+        """draft with the target model itself (correctness tests; never a speedup)."""
+        dtype: Optional[str] = None
+        """default: the target's dtype."""
+        attn_implementation: str = "eager"
+        cache_dir: str = ".specmoe_cache/tiny_drafters"
+
+    def setup(self, target: Any) -> None:
+        import transformers
+
+        cfg = self.config
+        self.target = target
+        if cfg.share_target:
+            self.model = target.model
+        else:
+            if cfg.tiny is not None:
+                from specmoe.models.tiny import build_tiny_model, spec_hash
+
+                tiny = dict(cfg.tiny)
+                arch = tiny.pop("arch", "qwen3_moe")
+                seed = int(tiny.pop("seed", 0))
+                tiny.setdefault("vocab_size", target.vocab_size)
+                path = str(build_tiny_model(arch, f"{cfg.cache_dir}/{arch}-{spec_hash(arch, seed, tiny)}",
+                                            seed=seed, **tiny))
+            elif cfg.path:
+                path = cfg.path
+            else:
+                raise UserError("drafter draft_model: set 'path' (a draft LM), 'tiny' or 'share_target: true'")
+            dtype = getattr(torch, cfg.dtype) if cfg.dtype else target.dtype
+            try:
+                self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                    path, dtype=dtype, attn_implementation=cfg.attn_implementation)
+            except OSError as exc:
+                raise UserError(f"drafter draft_model: cannot load '{path}': {exc}") from exc
+            self.model.to(target.device).eval().requires_grad_(False)
+        vocab = int(self.model.config.vocab_size)
+        if vocab < target.vocab_size:
+            raise UserError(f"drafter draft_model: vocabulary {vocab} is smaller than the target's "
+                            f"{target.vocab_size}; a draft model must share the target's vocabulary")
+        self._vocab = target.vocab_size
+        self._masks = MaskSpec(self.model.config)
+        self._dtype = self.model.get_input_embeddings().weight.dtype
+
+    def begin(self, batch_size: int) -> DraftState:
+        dev = self.target.device
+        return DraftState(KVState(batch_size, dev), torch.zeros(batch_size, dtype=torch.long, device=dev))
+
+    def _run(self, kv: KVState, ids: torch.Tensor, pos: torch.Tensor, attend: torch.Tensor, valid: torch.Tensor,
+             cached_attend: torch.Tensor | None = None) -> torch.Tensor:
+        mask = self._masks.build(kv, pos, attend, valid, self._dtype, cached_attend)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv.cache, use_cache=True)
+        kv.append(pos, valid)
+        return torch.log_softmax(out.logits[..., :self._vocab].float(), dim=-1)
+
+    @torch.no_grad()
+    def draft(self, state: DraftState, committed: Committed, steps: int, top_k: int) -> DraftTree:
+        kv = state.kv
+        bsz, m = committed.tokens.shape
+        dev = committed.tokens.device
+        causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril().expand(bsz, m, m)
+        logp = self._run(kv, committed.tokens, committed.positions, causal, committed.valid)
+        counts = committed.valid.sum(dim=1)
+        has_new = counts > 0
+        last = (counts - 1).clamp(min=0)
+        ar_b = torch.arange(bsz, device=dev)
+        new_root = committed.tokens[ar_b, last]
+        state.root = torch.where(has_new, new_root, state.root)
+        root_logp = logp[ar_b, last]
+        if state.root_logp is not None:
+            root_logp = torch.where(has_new[:, None], root_logp, state.root_logp)
+        state.root_logp = root_logp
+        root_pos = kv.next_position() - 1  # the root is the last committed token
+        n_ctx = kv.num_slots
+        processed: list[torch.Tensor] = []  # pool indices of the tree nodes in temporary slots
+
+        def expand(tokens: torch.Tensor, pool_idx: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+            k = tokens.shape[1]
+            depth = ancestors.sum(dim=-1)  # strict ancestors incl. root = depth
+            pos = root_pos[:, None] + depth
+            n_tmp = kv.num_slots - n_ctx
+            cached = torch.ones(bsz, k, kv.num_slots, dtype=torch.bool, device=dev)
+            if n_tmp:
+                done = torch.cat(processed, dim=1)  # [B, n_tmp] pool idx of temporary slots
+                cached[:, :, n_ctx:] = ancestors.gather(2, done[:, None, :].expand(bsz, k, n_tmp))
+            eye = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)
+            out = self._run(kv, tokens, pos, eye, torch.ones(bsz, k, dtype=torch.bool, device=dev), cached)
+            processed.append(pool_idx)
+            return out
+
+        tree = build_pool(state.root, root_logp, expand, steps, top_k)
+        kv.drop_last(kv.num_slots - n_ctx)
+        return tree

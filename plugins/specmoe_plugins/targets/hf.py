@@ -1,0 +1,281 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``hf`` target: any ``GptOssForCausalLM`` / ``Qwen3MoeForCausalLM`` / ``DeepseekV3ForCausalLM`` checkpoint.
+
+Loaded with ``from_pretrained`` from a local directory or a hub id (``tiny:`` builds a small random model
+into the cache first and then loads it through the same call). Routing is read from the model's own experts
+modules with forward pre-hooks, which see ``(hidden [T, H], top_k_index [T, K], top_k_weights [T, K])``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from specmoe.decoding.kv import KVState
+from specmoe.errors import UserError
+from specmoe.interfaces.target import Target, TargetOutput
+from specmoe.models.hf_masks import MaskSpec
+
+__all__ = ["HFTarget"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def _resolve_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise UserError(f"target.dtype '{name}' is not one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+class HFTarget(Target):
+    """A Hugging Face MoE causal LM."""
+
+    description = "Hugging Face GPT-OSS / Qwen3-MoE / DeepSeek-V3 checkpoint (local path or hub id)"
+
+    @dataclass
+    class Config:
+        path: Optional[str] = None
+        """local checkpoint directory or hub id; ignored when ``tiny`` is set."""
+        tiny: Optional[dict[str, Any]] = None
+        """build a tiny random model: ``{arch: gpt_oss|qwen3_moe|deepseek_v3, seed: 0, <config overrides>}``."""
+        dtype: str = "float32"
+        device: str = "cpu"
+        """``cpu``, ``cuda``, ``cuda:1``; ignored with ``device_map``."""
+        device_map: Optional[str] = None
+        """e.g. ``auto`` to spread a large checkpoint over all visible GPUs."""
+        attn_implementation: Optional[str] = None
+        """default: ``eager`` (GPT-OSS has no CPU sdpa; eager is exact with additive float tree masks)."""
+        revision: Optional[str] = None
+        dequantize_mxfp4: bool = True
+        """GPT-OSS MXFP4 checkpoints are dequantized to ``dtype`` on load (the experts hooks need it)."""
+        tokenizer: Optional[str] = None
+        """tokenizer path or hub id; default: the checkpoint's own (none for tiny models)."""
+        cache_dir: str = ".specmoe_cache/tiny_targets"
+        local_files_only: bool = False
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self._capture: list[torch.Tensor] | None = None
+        self._hooks: list[Any] = []
+        self.load()
+
+    # ------------------------------------------------------------------ loading
+    def resolve_path(self) -> str:
+        cfg = self.config
+        if cfg.tiny is not None:
+            from specmoe.models.tiny import build_tiny_model, spec_hash
+
+            tiny = dict(cfg.tiny)
+            arch = tiny.pop("arch", "gpt_oss")
+            seed = int(tiny.pop("seed", 0))
+            out = Path(cfg.cache_dir) / f"{arch}-{spec_hash(arch, seed, tiny)}"
+            return str(build_tiny_model(arch, out, seed=seed, **tiny))
+        if not cfg.path:
+            raise UserError("target: set 'path' (checkpoint directory or hub id) or 'tiny' ({arch: ...})")
+        if cfg.path.startswith("stage:"):
+            raise UserError(f"target.path '{cfg.path}' was not resolved: run the recipe with 'platform run'")
+        local = Path(cfg.path).expanduser()
+        if local.exists():
+            if not (local / "config.json").is_file():
+                raise UserError(f"target.path '{cfg.path}' has no config.json: point it at a checkpoint "
+                                f"directory (save_pretrained output)")
+            return str(local)
+        if cfg.path.startswith((".", "/", "~")) or cfg.local_files_only or os.environ.get("HF_HUB_OFFLINE"):
+            raise UserError(f"target.path '{cfg.path}' does not exist locally (and hub access is off): "
+                            f"download the checkpoint or fix the path")
+        return cfg.path  # a hub id
+
+    def load(self) -> None:
+        import transformers
+
+        cfg = self.config
+        path = self.resolve_path()
+        dtype = _resolve_dtype(cfg.dtype)
+        hf_cfg = transformers.AutoConfig.from_pretrained(path, revision=cfg.revision,
+                                                         local_files_only=cfg.local_files_only)
+        kwargs: dict[str, Any] = dict(dtype=dtype, attn_implementation=cfg.attn_implementation or "eager",
+                                      revision=cfg.revision, local_files_only=cfg.local_files_only)
+        qcfg = getattr(hf_cfg, "quantization_config", None)
+        if qcfg is not None and cfg.dequantize_mxfp4 and "mxfp4" in str(qcfg).lower():
+            kwargs["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+        if cfg.device_map:
+            kwargs["device_map"] = cfg.device_map
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        except OSError as exc:
+            raise UserError(f"cannot load target '{path}': {exc}") from exc
+        if not cfg.device_map:
+            model.to(cfg.device)
+        model.eval()
+        model.requires_grad_(False)
+        self.model = model
+        self.path = path
+        tok_path = cfg.tokenizer or path
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(tok_path,
+                                                                        local_files_only=cfg.local_files_only)
+        except (OSError, ValueError, TypeError) as exc:
+            if cfg.tokenizer:
+                raise UserError(f"cannot load tokenizer '{tok_path}': {exc}") from exc
+            self.tokenizer = None
+        self._inspect()
+
+    def _inspect(self) -> None:
+        layers = self.model.model.layers
+        self._moe_ids = [i for i, layer in enumerate(layers) if hasattr(getattr(layer, "mlp", None), "experts")]
+        if not self._moe_ids:
+            raise UserError(f"target '{self.path}' has no MoE layers (no mlp.experts module)")
+        first = layers[self._moe_ids[0]].mlp
+        self._experts = [layers[i].mlp.experts for i in self._moe_ids]
+        self._routers = [getattr(layers[i].mlp, "router", None) or layers[i].mlp.gate for i in self._moe_ids]
+        self._norms = [layers[i].post_attention_layernorm for i in self._moe_ids]
+        c = self.model.config
+        self._num_experts = int(first.experts.num_experts if hasattr(first.experts, "num_experts")
+                                else first.experts.gate_up_proj.shape[0])
+        self._top_k = int(getattr(c, "num_experts_per_tok", None) or getattr(first.router, "top_k"))
+        ex = first.experts
+        n_params = sum(p.numel() for p in ex.parameters())
+        self._bytes_per_expert = int(n_params // self._num_experts * ex.gate_up_proj.element_size())
+        self._masks = MaskSpec(c)
+        for ex_mod in self._experts:
+            self._hooks.append(ex_mod.register_forward_pre_hook(self._routing_hook))
+        self._eos = self._collect_eos()
+
+    def _collect_eos(self) -> list[int]:
+        ids: list[int] = []
+        for src in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            v = getattr(src, "eos_token_id", None) if src is not None else None
+            if v is None:
+                continue
+            ids.extend(v if isinstance(v, (list, tuple)) else [v])
+        return sorted({int(i) for i in ids})
+
+    def _routing_hook(self, module: Any, args: tuple) -> None:
+        if self._capture is not None:
+            self._capture.append(args[1].detach())
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def moe_layer_ids(self) -> list[int]:
+        return list(self._moe_ids)
+
+    @property
+    def num_experts(self) -> int:
+        return self._num_experts
+
+    @property
+    def top_k(self) -> int:
+        return self._top_k
+
+    @property
+    def bytes_per_expert(self) -> int:
+        return self._bytes_per_expert
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self._eos)
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self._masks.window
+
+    def routers(self) -> list[torch.nn.Module]:
+        return list(self._routers)
+
+    def router_inputs_norms(self) -> list[torch.nn.Module]:
+        return list(self._norms)
+
+    def experts_modules(self) -> list[torch.nn.Module]:
+        return list(self._experts)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(input_ids)
+
+    # ------------------------------------------------------------------ compute
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, kv: KVState, positions: torch.Tensor,
+                attend: torch.Tensor | None = None, valid: torch.Tensor | None = None, *,
+                hidden_layers: Sequence[int] = (), capture_routing: bool = False) -> TargetOutput:
+        b, n = input_ids.shape
+        dev = input_ids.device
+        if attend is None:
+            attend = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(b, n, n)
+        if valid is None:
+            valid = torch.ones(b, n, dtype=torch.bool, device=dev)
+        mask = self._masks.build(kv, positions, attend, valid, self.dtype)
+        self._capture = [] if capture_routing else None
+        try:
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=kv.cache,
+                             use_cache=True, output_hidden_states=bool(hidden_layers))
+            routing = None
+            if capture_routing:
+                routing = torch.stack(self._capture, dim=1).view(b, n, len(self._moe_ids), -1)
+        finally:
+            self._capture = None
+        kv.append(positions, valid)
+        hidden = None
+        if hidden_layers:
+            hs = out.hidden_states
+            hidden = torch.cat([hs[i] for i in hidden_layers], dim=-1)
+        return TargetOutput(logits=out.logits.float(), hidden=hidden, routing=routing)
+
+    def new_standard_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.no_grad()
+    def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+                         cache: Any, *, capture_routing: bool = False) -> TargetOutput:
+        b, n = input_ids.shape
+        self._capture = [] if capture_routing else None
+        try:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                             cache=cache, use_cache=True)
+            routing = None
+            if capture_routing:
+                routing = torch.stack(self._capture, dim=1).view(b, n, len(self._moe_ids), -1)
+        finally:
+            self._capture = None
+        return TargetOutput(logits=out.logits.float(), routing=routing)
+
+    @torch.no_grad()
+    def capture(self, fn: Any) -> tuple[Any, torch.Tensor | None]:
+        """Run ``fn()`` (any forward of ``self.model``) recording routing; returns ``(result, [T, L, K])``."""
+        self._capture = []
+        try:
+            result = fn()
+            routing = torch.stack(self._capture, dim=1) if self._capture else None
+        finally:
+            self._capture = None
+        return result, routing
