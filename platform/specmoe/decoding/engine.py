@@ -22,7 +22,8 @@ from specmoe.interfaces.predictor import Predictor
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.target import Target
 
-__all__ = ["SpeculativeEngine", "SelectorError", "experts_per_layer", "pad_rows", "first_token"]
+__all__ = ["SpeculativeEngine", "SelectorError", "experts_per_layer", "pad_rows", "first_token",
+           "routing_stats"]
 
 
 class SelectorError(RuntimeError):
@@ -49,6 +50,21 @@ def experts_per_layer(routing: torch.Tensor, valid: torch.Tensor, num_experts: i
     hits = torch.zeros(l, num_experts + 1, dtype=torch.bool, device=r.device)
     hits.scatter_(1, r.permute(1, 0, 2).reshape(l, -1).clamp(max=num_experts), True)
     return hits[:, :num_experts].sum(dim=1).tolist()
+
+
+def routing_stats(routing: torch.Tensor, valid: torch.Tensor, num_experts: int) -> tuple[list[float], torch.Tensor]:
+    """Cumulative E over the first k tokens (k = 1..M) and per-expert activation counts ``[L, E]``.
+
+    Args:
+        routing: ``[B, M, L, K]`` chosen experts; valid: ``[B, M]``.
+    """
+    b, m, l, _ = routing.shape
+    hits = torch.zeros(b, m, l, num_experts + 1, dtype=torch.bool, device=routing.device)
+    hits.scatter_(-1, routing.clamp(max=num_experts), True)
+    hits = hits[..., :num_experts] & valid[:, :, None, None]
+    cum = hits.cummax(dim=1).values.any(dim=0)  # [M, L, E]
+    cumulative = cum.sum(dim=-1).float().mean(dim=-1).tolist()
+    return cumulative, hits.sum(dim=(0, 1))
 
 
 def first_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
@@ -142,6 +158,7 @@ class SpeculativeEngine:
         d_state = self.drafter.begin(bsz)
         p_state = self.predictor.begin(bsz) if self.predictor is not None else None
         records: list[StepRecord] = []
+        counts_le = torch.zeros(target.num_moe_layers, target.num_experts, dtype=torch.long, device=dev)
         while bool(active.any()):
             t0 = time.perf_counter()
             tree = self.drafter.draft(d_state, committed, steps, top_k)
@@ -195,6 +212,8 @@ class SpeculativeEngine:
             kv.keep_last(width, keep)
             committed = self._committed(new_rows, feat_rows, base, dev)
             e_layers = experts_per_layer(vout.routing, vt.valid, target.num_experts)
+            cumulative, step_counts = routing_stats(vout.routing, vt.valid, target.num_experts)
+            counts_le += step_counts
             pred_layers = None
             if experts is not None:
                 picked = (experts & sel[:, :, None, None]).any(dim=1).any(dim=0)  # [L, E]
@@ -203,9 +222,11 @@ class SpeculativeEngine:
             t5 = time.perf_counter()
             records.append(StepRecord(accepted=accepted, verified=verified, experts_per_layer=e_layers,
                                       predicted_per_layer=pred_layers, t_draft=t1 - t0, t_pred=t2 - t1,
-                                      t_select=t3 - t2, t_verify=t4 - t3, t_total=t5 - t0))
+                                      t_select=t3 - t2, t_verify=t4 - t3, t_total=t5 - t0,
+                                      cumulative_experts=cumulative))
         wall = time.perf_counter() - t_start
-        return Generation(tokens=outputs, steps=records, wall_time=wall, prefill_time=prefill_time)
+        return Generation(tokens=outputs, steps=records, wall_time=wall, prefill_time=prefill_time,
+                          expert_counts=counts_le.tolist())
 
     @staticmethod
     def _committed(rows: list[list[int]], feats: list[torch.Tensor | None], base: torch.Tensor,

@@ -21,6 +21,8 @@ class StepRecord:
         predicted_per_layer: unique experts predicted for the verified nodes, per MoE layer (None without a
             predictor).
         t_draft, t_pred, t_select, t_verify, t_total: seconds (t_total includes acceptance and cache upkeep).
+        cumulative_experts: E (mean over layers of unique experts, union over the batch) after the first
+            k = 1..M verified tokens of each row, in tree order (paper Fig. 1b).
     """
 
     accepted: list[int]
@@ -32,6 +34,7 @@ class StepRecord:
     t_select: float = 0.0
     t_verify: float = 0.0
     t_total: float = 0.0
+    cumulative_experts: list[float] | None = None
 
     @property
     def unique_experts(self) -> float:
@@ -60,12 +63,14 @@ class Generation:
         steps: per-step records (the prefill pass is not a step).
         wall_time: seconds from the first forward pass to the end, per batch.
         prefill_time: seconds spent in the prompt pass.
+        expert_counts: ``[L][E]`` how often each expert was activated by verified tokens (paper Fig. 4).
     """
 
     tokens: list[list[int]]
     steps: list[StepRecord] = field(default_factory=list)
     wall_time: float = 0.0
     prefill_time: float = 0.0
+    expert_counts: list[list[int]] | None = None
 
 
 def summarize(gens: list[Generation], bytes_per_expert: int, num_moe_layers: int) -> dict[str, float]:
