@@ -23,7 +23,7 @@ from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.target import Target
 
 __all__ = ["SpeculativeEngine", "SelectorError", "experts_per_layer", "pad_rows", "first_token",
-           "routing_stats"]
+           "routing_stats", "prediction_overlap"]
 
 
 class SelectorError(RuntimeError):
@@ -65,6 +65,23 @@ def routing_stats(routing: torch.Tensor, valid: torch.Tensor, num_experts: int) 
     cum = hits.cummax(dim=1).values.any(dim=0)  # [M, L, E]
     cumulative = cum.sum(dim=-1).float().mean(dim=-1).tolist()
     return cumulative, hits.sum(dim=(0, 1))
+
+
+def prediction_overlap(experts: torch.Tensor, order: torch.Tensor, valid: torch.Tensor,
+                       routing: torch.Tensor) -> tuple[int, int]:
+    """Top-K overlap of predicted and actual experts of the verified nodes.
+
+    Args:
+        experts: ``[B, N, L, E]`` predicted sets of the pool; order: ``[B, M]`` pool index of each verified
+            node; valid: ``[B, M]``; routing: ``[B, M, L, K]`` the router's choice in the verification pass.
+
+    Returns:
+        ``(hits, total)`` with total = valid tokens x L x K.
+    """
+    b, m = order.shape
+    pred = experts.gather(1, order[:, :, None, None].expand(b, m, *experts.shape[2:]))  # [B, M, L, E]
+    hit = pred.gather(-1, routing) & valid[:, :, None, None]
+    return int(hit.sum()), int(valid.sum()) * routing.shape[2] * routing.shape[3]
 
 
 def first_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
@@ -214,16 +231,17 @@ class SpeculativeEngine:
             e_layers = experts_per_layer(vout.routing, vt.valid, target.num_experts)
             cumulative, step_counts = routing_stats(vout.routing, vt.valid, target.num_experts)
             counts_le += step_counts
-            pred_layers = None
+            pred_layers, hits, total = None, 0, 0
             if experts is not None:
                 picked = (experts & sel[:, :, None, None]).any(dim=1).any(dim=0)  # [L, E]
                 pred_layers = picked.sum(dim=1).tolist()
+                hits, total = prediction_overlap(experts, order, vt.valid, vout.routing)
             _sync(dev)
             t5 = time.perf_counter()
             records.append(StepRecord(accepted=accepted, verified=verified, experts_per_layer=e_layers,
                                       predicted_per_layer=pred_layers, t_draft=t1 - t0, t_pred=t2 - t1,
                                       t_select=t3 - t2, t_verify=t4 - t3, t_total=t5 - t0,
-                                      cumulative_experts=cumulative))
+                                      cumulative_experts=cumulative, pred_hits=hits, pred_total=total))
         wall = time.perf_counter() - t_start
         return Generation(tokens=outputs, steps=records, wall_time=wall, prefill_time=prefill_time,
                           expert_counts=counts_le.tolist())

@@ -35,6 +35,10 @@ class StepRecord:
     t_verify: float = 0.0
     t_total: float = 0.0
     cumulative_experts: list[float] | None = None
+    pred_hits: int = 0
+    """sum over verified tokens and MoE layers of |predicted top-K  &  router's top-K| (0 without predictor)."""
+    pred_total: int = 0
+    """verified tokens x MoE layers x K: ``pred_hits / pred_total`` is the top-K overlap accuracy."""
 
     @property
     def unique_experts(self) -> float:
@@ -103,4 +107,7 @@ def summarize(gens: list[Generation], bytes_per_expert: int, num_moe_layers: int
     }
     if pred:
         out["E_pred"] = mean(pred)
+    total = sum(s.pred_total for s in steps)
+    if total:
+        out["predictor_accuracy"] = sum(s.pred_hits for s in steps) / total
     return out
