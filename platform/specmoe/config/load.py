@@ -142,6 +142,8 @@ def _walk_to(root: Any, parts: list[str], create: bool) -> tuple[Any, str | int]
                 if not create:
                     raise KeyError(p)
                 node[p] = {}
+            elif isinstance(node[p], str) and create:
+                node[p] = {"name": node[p]}  # component shorthand "ecospec" -> {name: ecospec}
             node = node[p]
     last: str | int = parts[-1]
     if isinstance(node, list):

@@ -197,7 +197,9 @@ class Validator:
                                                "'stage:<id>'")
             sid = ""
         comp = self.component({k: v for k, v in value.items() if k != "id"}, "stage", path)
-        return StageSpec(sid, comp) if comp is not None else None
+        if comp is None:  # already reported; keep the id so references to it are not reported twice
+            comp = Component(str(value.get("name", "")), {}, "stage")
+        return StageSpec(sid, comp)
 
     def check_stage_refs(self, cfg: RunConfig | None) -> None:
         """Every ``"stage:<id>"`` string must name a stage of the recipe; ids must be unique."""

@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A decoding method assembled from its components: autoregressive, or drafter + predictor + selector."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from specmoe.config.schema import Component, MethodConfig
+from specmoe.decoding.ar import ar_generate
+from specmoe.decoding.engine import SpeculativeEngine
+from specmoe.decoding.records import Generation
+from specmoe.decoding.stopping import StopRule
+
+__all__ = ["Method"]
+
+
+class Method:
+    """Builds and runs one method on a shared target.
+
+    Args:
+        cfg: the method's recipe entry.
+        target: the loaded target.
+        resolve: maps option trees with ``stage:<id>`` references to concrete paths.
+    """
+
+    def __init__(self, cfg: MethodConfig, target: Any, resolve: Callable[[Any], Any]) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.target = target
+        build = lambda comp: comp.__class__(comp.name, resolve(comp.options), comp.kind).build()  # noqa: E731
+        self.verifier = build(cfg.verifier)
+        self.drafter = None
+        self.predictor = None
+        self.engine = None
+        if cfg.drafter is not None:
+            self.drafter = build(cfg.drafter)
+            self.drafter.setup(target)
+            self.selector = build(cfg.selector)
+            if cfg.predictor is not None:
+                self.predictor = build(cfg.predictor)
+                self.predictor.setup(target)
+            self.engine = SpeculativeEngine(target, self.drafter, self.selector, self.predictor)
+        elif cfg.predictor is not None:
+            raise ValueError(f"method '{cfg.name}': a predictor needs a drafter (autoregressive methods have "
+                             f"no draft tree)")
+
+    @property
+    def is_autoregressive(self) -> bool:
+        return self.engine is None
+
+    @property
+    def analysis_only(self) -> bool:
+        return self.cfg.analysis_only or bool(getattr(self.predictor, "analysis_only", False))
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, budget: int, steps: int, top_k: int,
+                 temperature: float, stop: StopRule, seed: int) -> Generation:
+        self.verifier.install(self.target)
+        if self.engine is None:
+            return ar_generate(self.target, prompts, temperature=temperature, stop=stop, seed=seed)
+        return self.engine.generate(prompts, budget=budget, steps=steps, top_k=top_k, temperature=temperature,
+                                    stop=stop, seed=seed)
+
+
+def component_signature(comp: Component | None, resolve_key: Callable[[Any], Any]) -> Any:
+    """A JSON-able identity of a component with stage references replaced by stage cache keys."""
+    if comp is None:
+        return None
+    return {"name": comp.name, "options": resolve_key(comp.options)}

@@ -1,0 +1,81 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checks that run before any work: resources a recipe needs, checkpoints and data it names."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from specmoe.config.schema import Component, RunConfig
+from specmoe.errors import UserError
+
+__all__ = ["preflight", "PATH_KEYS"]
+
+#: option names that hold a checkpoint / file location
+PATH_KEYS = ("path", "checkpoint", "model_path")
+
+
+def _offline() -> bool:
+    return bool(os.environ.get("HF_HUB_OFFLINE")) or bool(os.environ.get("TRANSFORMERS_OFFLINE"))
+
+
+def _looks_local(value: str) -> bool:
+    return value.startswith((".", "/", "~")) or value.count("/") != 1 or Path(value).exists()
+
+
+def _check_component(comp: Component | None, where: str, problems: list[str]) -> None:
+    if comp is None:
+        return
+    for key in PATH_KEYS:
+        value = comp.options.get(key)
+        if not isinstance(value, str) or not value or value.startswith("stage:"):
+            continue
+        if _looks_local(value):
+            if not Path(value).expanduser().exists():
+                problems.append(f"{where}.{key}: '{value}' does not exist; build it (e.g. with a stage) or fix "
+                                f"the path")
+        elif _offline():
+            problems.append(f"{where}.{key}: '{value}' is a hub id but hub access is off (HF_HUB_OFFLINE); "
+                            f"download it and give a local path")
+
+
+def preflight(cfg: RunConfig, source: str = "recipe") -> dict[str, list[Any]]:
+    """Raise :class:`UserError` listing every missing resource; return the loaded dataset samples."""
+    problems: list[str] = []
+    need = cfg.requires.cuda_devices
+    if need:
+        try:
+            import torch
+
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except ImportError:  # pragma: no cover
+            have = 0
+        if have < need:
+            problems.append(f"requires.cuda_devices: this recipe needs {need} CUDA GPU(s); this machine has "
+                            f"{have}. Run it on a GPU node (see README: multi-GPU / multi-node).")
+        elif cfg.requires.gpu_memory_gb:
+            import torch
+
+            mem = min(torch.cuda.get_device_properties(i).total_memory for i in range(have)) / 2**30
+            if mem < cfg.requires.gpu_memory_gb:
+                problems.append(f"requires.gpu_memory_gb: needs {cfg.requires.gpu_memory_gb} GB per GPU; the "
+                                f"smallest here has {mem:.0f} GB")
+    if (cfg.methods or cfg.datasets) and cfg.target is None:
+        problems.append("target: the recipe evaluates methods but names no target")
+    _check_component(cfg.target, "target", problems)
+    for i, m in enumerate(cfg.methods):
+        for part in ("drafter", "predictor"):
+            _check_component(getattr(m, part), f"methods.{i}.{part}", problems)
+    for i, st in enumerate(cfg.stages):
+        _check_component(st.component, f"stages.{i}", problems)
+    samples: dict[str, list[Any]] = {}
+    if not problems:
+        for i, ds in enumerate(cfg.datasets):
+            try:
+                samples[ds.name] = ds.build().load()
+            except UserError as exc:
+                problems.append(f"datasets.{i} ({ds.name}): {exc}")
+    if problems:
+        raise UserError(f"{source}: cannot start, nothing was run:\n  - " + "\n  - ".join(problems))
+    return samples
