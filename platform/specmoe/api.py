@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -48,8 +49,9 @@ def run(cfg: RunConfig) -> RunResult:
     """Run a validated recipe: preflight checks, stages (cached), evaluation grid (cached per cell)."""
     from specmoe.interfaces.stage import StageContext
     from specmoe.preflight import preflight
-    from specmoe.rundir import environment, make_run_dir
+    from specmoe.rundir import make_run_dir
     from specmoe.stages.runner import StageRunner
+    from specmoe.tracking.tracker import env_params, flatten_params
 
     source = getattr(cfg, "source", "recipe")
     if cfg.data_dir:
@@ -61,21 +63,19 @@ def run(cfg: RunConfig) -> RunResult:
     logger.info("run directory: %s", run_dir)
     tracker = _tracker(cfg)
     data_dir = os.environ.get("SPECMOE_DATA_DIR")
-    recipe_hash = stages_hash = None
-    import hashlib
-
     recipe_hash = hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
     stages_hash = ",".join(f"{k}:{v}" for k, v in stages.keys.items())
     result = RunResult(run_dir=run_dir, tracking_uri=getattr(tracker, "uri", None))
     tags = {"specmoe.kind": "recipe", "specmoe.recipe": cfg.name, "specmoe.recipe_hash": recipe_hash,
             "specmoe.run_dir": str(run_dir)}
-    resume = tracker.find_unfinished_parent(recipe_hash) if hasattr(tracker, "find_unfinished_parent") else None
+    # a killed run of the same resolved recipe is resumed (its finished cells are kept, none duplicated)
+    prev = tracker.find_run({"specmoe.kind": "recipe", "specmoe.recipe_hash": recipe_hash}, status=None)
+    resume = prev.run_id if prev is not None and prev.status != "FINISHED" else None
     with tracker.run(cfg.name, tags=tags, run_id=resume) as parent:
         result.run_id = getattr(parent, "run_id", None)
         if resume is None:
-            parent.log_params({**{f"recipe.{k}": v for k, v in resolved.items()}, "env": environment(),
-                               "stages.keys": stages_hash})
-            parent.log_dict(resolved, "recipe/config.yaml")
+            parent.log_params({**flatten_params(resolved, "recipe"), **env_params(), "stages.keys": stages_hash})
+            parent.log_dict(resolved, "recipe/config.json")
         (run_dir / "mlflow.json").write_text(json.dumps({"tracking_uri": result.tracking_uri,
                                                          "run_id": result.run_id}))
         ctx = StageContext(run_config=cfg, data_dir=Path(data_dir) if data_dir else None, run_dir=run_dir,

@@ -163,6 +163,6 @@ class Evaluator:
     def _log(self, cell: dict[str, Any]) -> None:
         if self.tracker is None or self.parent is None:
             return
-        from specmoe.evaluation.logging import log_cell
+        from specmoe.evaluation.report import log_cell
 
         log_cell(self.tracker, self.parent, cell, self.decode)

@@ -1,0 +1,350 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``platform compare``: Table 1 / Table 3 from synthetic cell runs in a real sqlite MLflow store."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from specmoe.cli.ui import ui_command
+from specmoe.config.schema import TrackingConfig
+from specmoe.errors import UserError
+from specmoe.tracking import Tracker, cell_run_name, cell_tags
+from specmoe.tracking.compare import (
+    Cell,
+    build_tables,
+    compare,
+    load_cells,
+    log_comparison,
+    render,
+    resolve_uri,
+    speedup_by_gamma,
+)
+
+# (method, dataset) -> metrics at T=0; T=1 uses speedup - 0.1 and E + 1
+T0 = {
+    ("ar", "gsm8k"): {"speedup": 1.0, "alpha": 1.0, "E": 8.0, "t_verify": 0.05, "t_total": 0.05},
+    ("ar", "humaneval"): {"speedup": 1.0, "alpha": 1.0, "E": 8.0, "t_verify": 0.05, "t_total": 0.07},
+    ("eagle3", "gsm8k"): {
+        "speedup": 1.31,
+        "alpha": 2.54,
+        "E": 22.3,
+        "t_pred": 0.0,
+        "t_draft": 0.008,
+        "t_verify": 0.832,
+        "t_total": 0.840,
+    },
+    ("eagle3", "humaneval"): {
+        "speedup": 1.11,
+        "alpha": 2.36,
+        "E": 26.1,
+        "t_pred": 0.0,
+        "t_draft": 0.008,
+        "t_verify": 0.812,
+        "t_total": 0.820,
+    },
+    ("ecospec", "gsm8k"): {
+        "speedup": 1.39,
+        "alpha": 2.54,
+        "E": 21.0,
+        "t_pred": 0.004,
+        "t_draft": 0.008,
+        "t_verify": 0.730,
+        "t_total": 0.742,
+    },
+    ("ecospec", "humaneval"): {
+        "speedup": 1.33,
+        "alpha": 2.32,
+        "E": 21.6,
+        "t_pred": 0.004,
+        "t_draft": 0.008,
+        "t_verify": 0.710,
+        "t_total": 0.722,
+    },
+}
+EXPERIMENT = "cmp"
+
+
+def _log_cells(
+    tracker: Tracker, parent_id: str, temps: list[float], values: dict, fail: bool = False
+) -> None:
+    for temp in temps:
+        for (method, ds), metrics in values.items():
+            tags = cell_tags(method, ds, temp, 4, 1, parent=parent_id)
+            m = dict(metrics)
+            if temp > 0 and method != "ar":
+                m.update(speedup=m["speedup"] - 0.1, E=m["E"] + 1)
+            with tracker.run(cell_run_name(tags), tags=tags, parent_run_id=parent_id) as cell:
+                cell.log_metrics(m)
+            time.sleep(0.003)  # distinct start times keep the run order
+    if fail:
+        with pytest.raises(RuntimeError):
+            tags = cell_tags("ecospec", "crashed_ds", 0.0, 4, 1, parent=parent_id)
+            with tracker.run(cell_run_name(tags), tags=tags, parent_run_id=parent_id) as cell:
+                cell.log_metrics({"speedup": 5.0})
+                raise RuntimeError("cuda oom")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    workdir = tmp_path_factory.mktemp("cmp")
+    tracker = Tracker.from_config(TrackingConfig(uri=f"sqlite:///{workdir}/mlflow.db"), EXPERIMENT, workdir)
+    with tracker.run("old") as old:  # an earlier recipe run with other numbers and a third dataset
+        _log_cells(
+            tracker,
+            old.run_id,
+            [0.0],
+            {
+                ("ecospec", "gsm8k"): {"speedup": 9.99, "alpha": 9.0, "E": 9.0},
+                ("ecospec", "mt_bench"): {"speedup": 1.5, "alpha": 2.0, "E": 20.0},
+            },
+        )
+    with tracker.run("new") as new:
+        _log_cells(tracker, new.run_id, [0.0, 1.0], T0, fail=True)
+    return {"tracker": tracker, "uri": tracker.uri, "old": old.run_id, "new": new.run_id, "workdir": workdir}
+
+
+def _rows(text: str, title_start: str) -> dict[str, list[str]]:
+    """Rows of the text table whose title starts with ``title_start``: method -> cells."""
+    lines = text.split("\n\n")
+    block = next(b for b in lines if b.startswith(title_start)).splitlines()
+    return {
+        ln.split()[0]: [c.strip() for c in ln.split("  ")[1:] if c.strip()]
+        for ln in block[3:]
+        if ln and not ln.startswith(("*", "†"))
+    }
+
+
+def test_latest_parent_table1_text(runs):
+    text = compare(runs["uri"], EXPERIMENT)
+    assert text.startswith("Table 1 — T=0 (greedy), γ=4, batch size 1 — cells: Spd / α / E")
+    header = text.splitlines()[1].split()
+    assert header == [
+        "Method",
+        "gsm8k",
+        "humaneval",
+        "Average",
+    ]  # old run's mt_bench and the failed cell absent
+    t0 = _rows(text, "Table 1 — T=0")
+    assert list(t0) == ["ar", "eagle3", "ecospec"]
+    assert t0["ar"] == ["1.00x / - / 8.0"] * 3
+    assert t0["eagle3"] == ["1.31x / 2.54 / 22.3", "1.11x / 2.36 / 26.1", "1.21x / 2.45 / 24.2"]
+    assert t0["ecospec"] == ["1.39x / 2.54 / 21.0", "1.33x / 2.32 / 21.6", "1.36x / 2.43 / 21.3"]
+    t1 = _rows(text, "Table 1 — T=1 (sampling)")
+    assert t1["ecospec"] == ["1.29x / 2.54 / 22.0", "1.23x / 2.32 / 22.6", "1.26x / 2.43 / 22.3"]
+    assert "crashed_ds" not in text and "9.99" not in text
+
+
+def test_table3_text(runs):
+    text = compare(runs["uri"], EXPERIMENT)
+    block = next(b for b in text.split("\n\n") if b.startswith("Table 3") and "T=0" in b)
+    assert block.splitlines()[1].split() == [
+        "Method",
+        "E",
+        "T_pred",
+        "T_draft",
+        "T_verify",
+        "T_total",
+        "α",
+        "Speedup",
+    ]
+    rows = _rows(text, block.splitlines()[0])
+    assert rows["ar"] == ["8.0", "-", "-", "-", "60.00ms†", "1.00", "1.00x"]
+    assert rows["eagle3"] == ["24.2", "-", "8.00ms", "822.0ms", "830.0ms", "2.45", "1.21x"]
+    assert rows["ecospec"] == ["21.3", "4.00ms", "8.00ms", "720.0ms", "732.0ms", "2.43", "1.36x"]
+    assert "† AR: T_total is the per-token latency" in block
+
+
+def test_metric_selection_and_bad_metric(runs):
+    text = compare(runs["uri"], EXPERIMENT, metrics=["E", "t_verify"])
+    assert "cells: E / T_verify" in text
+    assert _rows(text, "Table 1 — T=0")["ecospec"][0] == "21.0 / 730.0ms"
+    with pytest.raises(UserError, match="unknown metric"):
+        compare(runs["uri"], EXPERIMENT, metrics=["speed"])
+
+
+def test_markdown(runs):
+    md = compare(runs["uri"], EXPERIMENT, fmt="markdown")
+    assert "### Table 1 — T=0 (greedy), γ=4, batch size 1 — cells: Spd / α / E" in md
+    assert "| Method | gsm8k | humaneval | Average |\n|---|---:|---:|---:|" in md
+    assert "| ecospec | 1.39x / 2.54 / 21.0 | 1.33x / 2.32 / 21.6 | 1.36x / 2.43 / 21.3 |" in md
+    assert "| ar | 8.0 | - | - | - | 60.00ms† | 1.00 | 1.00x |" in md
+
+
+def test_csv_and_average_math(runs):
+    records = list(csv.DictReader(io.StringIO(compare(runs["uri"], EXPERIMENT, fmt="csv"))))
+    t1 = [r for r in records if r["table"] == "table1"]
+    t3 = [r for r in records if r["table"] == "table3"]
+    assert len(t1) == 2 * 3 * 3 and len(t3) == 2 * 3  # temps x methods x (datasets + Average)
+    avg = {(float(r["temperature"]), r["method"]): r for r in t1 if r["dataset"] == "Average"}
+    for method in ("eagle3", "ecospec"):
+        for key in ("speedup", "alpha", "E"):
+            mean = (T0[(method, "gsm8k")][key] + T0[(method, "humaneval")][key]) / 2
+            assert float(avg[(0.0, method)][key]) == pytest.approx(mean)
+        assert float(avg[(1.0, method)]["speedup"]) == pytest.approx(
+            (T0[(method, "gsm8k")]["speedup"] + T0[(method, "humaneval")]["speedup"]) / 2 - 0.1
+        )
+    eco3 = next(r for r in t3 if r["method"] == "ecospec" and float(r["temperature"]) == 0)
+    assert float(eco3["t_verify"]) == pytest.approx(0.72) and float(eco3["t_total"]) == pytest.approx(0.732)
+    ar3 = next(r for r in t3 if r["method"] == "ar" and float(r["temperature"]) == 0)
+    assert ar3["t_pred"] == "" and float(ar3["speedup"]) == 1.0
+
+
+def test_run_selection(runs):
+    old = load_cells(runs["uri"], EXPERIMENT, run_id=runs["old"])
+    assert {(c.method, c.dataset) for c in old} == {("ecospec", "gsm8k"), ("ecospec", "mt_bench")}
+    both = compare(runs["uri"], EXPERIMENT, all_runs=True)
+    t0 = _rows(both, "Table 1 — T=0")
+    assert both.splitlines()[1].split() == ["Method", "gsm8k", "mt_bench", "humaneval", "Average"]
+    assert t0["ecospec"][:2] == ["1.39x / 2.54 / 21.0", "1.50x / 2.00 / 20.0"]  # newest gsm8k cell wins
+    assert t0["eagle3"][1] == "n/a"
+    with pytest.raises(UserError, match="no finished cell runs"):
+        load_cells(runs["uri"], EXPERIMENT, run_id="0" * 32)
+    with pytest.raises(UserError, match="experiment 'nope' not found.*cmp"):
+        load_cells(runs["uri"], "nope")
+
+
+def test_analysis_only_and_ar_tag():
+    def cell(method, ds, spd, ar=False, analysis=False):
+        return Cell(
+            "id", "p", method, ds, 0.0, 4, 1, 0, {"speedup": spd, "alpha": 2.0, "E": 10.0}, ar, analysis
+        )
+
+    tables = build_tables(
+        [
+            cell("eco", "a", 1.2),
+            cell("oracle", "a", 1.5, analysis=True),
+            cell("Baseline", "a", 1.0, ar=True),
+            cell("eco", "b", 1.4),
+        ]
+    )
+    text = render(tables, "text")
+    rows = _rows(text, "Table 1")
+    assert list(rows) == ["Baseline", "eco", "oracle*"]
+    assert rows["oracle*"] == ["1.50x / 2.00 / 10.0", "n/a", "1.50x / 2.00 / 10.0"]
+    assert rows["eco"][2] == "1.30x / 2.00 / 10.0"
+    assert "* analysis only" in text
+
+
+def test_ar_shared_across_budgets_and_small_times():
+    def cell(method, ds, budget, t_pred, ar=False):
+        metrics = {"speedup": 1.2, "alpha": 2.0, "E": 10.0, "t_pred": t_pred, "t_total": 0.004}
+        return Cell("id", "p", method, ds, 0.0, budget, 1, 0, metrics, ar)
+
+    cells = [cell("ar", "a", 4, 0.0, ar=True), cell("ar", "zz", 4, 0.0, ar=True),
+             cell("eco", "a", 3, 1.23e-5), cell("eco", "a", 4, 2e-3)]
+    text = render(build_tables(cells), "text")
+    g3 = next(b for b in text.split("\n\n") if b.startswith("Table 1") and "γ=3" in b)
+    assert g3.splitlines()[1].split() == ["Method", "a", "Average"]  # the AR-only dataset is not added
+    assert _rows(text, g3.splitlines()[0])["ar"] == ["1.00x / - / 10.0"] * 2
+    t3 = next(b for b in text.split("\n\n") if b.startswith("Table 3") and "γ=3" in b)
+    assert _rows(text, t3.splitlines()[0])["eco"][1:5] == ["0.012ms", "n/a", "n/a", "4.00ms"]
+
+
+def test_speedup_by_gamma():
+    cells = [
+        Cell("i", "p", m, ds, t, g, 1, 0, {"speedup": spd})
+        for m, ds, t, g, spd in [
+            ("eco", "a", 0.0, 3, 1.2),
+            ("eco", "b", 0.0, 3, 1.4),
+            ("eco", "a", 0.0, 4, 1.5),
+            ("eco", "a", 1.0, 4, 9.0),
+            ("ar", "a", 0.0, 4, 1.0),
+        ]
+    ]
+    cells[-1].ar = True
+    assert speedup_by_gamma(cells) == {"eco": {3: pytest.approx(1.3), 4: 1.5}}
+    assert speedup_by_gamma(cells, temperature=1.0) == {"eco": {4: 9.0}}
+
+
+def test_log_comparison_to_parent(runs, tmp_path):
+    tracker = runs["tracker"]
+    md = log_comparison(tracker, runs["new"])
+    assert "### Table 3" in md
+    names = {f.path for f in tracker.client.list_artifacts(runs["new"], "comparison")}
+    assert names == {"comparison/tables.md", "comparison/tables.csv"}
+    got = Path(
+        tracker.client.download_artifacts(runs["new"], "comparison/tables.md", str(tmp_path))
+    ).read_text()
+    assert got == md
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+
+
+def test_cli_in_another_process(runs, tmp_path):
+    out = tmp_path / "t.csv"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specmoe",
+            "compare",
+            "--experiment",
+            EXPERIMENT,
+            "--uri",
+            runs["uri"],
+            "--format",
+            "csv",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text() == proc.stdout
+    assert proc.stdout.startswith("table,temperature,budget,batch_size,method,dataset,speedup,alpha,E")
+    # default store: ./mlflow.db of the working directory
+    proc = subprocess.run(
+        [sys.executable, "-m", "specmoe", "compare", "--experiment", EXPERIMENT, "--run-id", runs["old"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=runs["workdir"],
+        env=_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "9.99x / 9.00 / 9.0" in proc.stdout
+    proc = subprocess.run(
+        [sys.executable, "-m", "specmoe", "compare", "--experiment", EXPERIMENT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=_env(),
+    )
+    assert proc.returncode == 2 and "no MLflow store found" in proc.stderr
+
+
+def test_resolve_uri_and_ui_command(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(UserError, match="--uri"):
+        resolve_uri(None, tmp_path)
+    (tmp_path / "mlflow.db").touch()
+    assert resolve_uri(None, tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://srv:5000")
+    assert resolve_uri(None, tmp_path) == "http://srv:5000"
+    assert resolve_uri("sqlite:////a.db", tmp_path) == "sqlite:////a.db"
+    cmd = ui_command("sqlite:////a.db", 5123, workers=2)
+    assert cmd[1:] == [
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        "sqlite:////a.db",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "5123",
+        "--workers",
+        "2",
+    ]
