@@ -50,7 +50,7 @@ def run(cfg: RunConfig) -> RunResult:
     from specmoe.interfaces.stage import StageContext
     from specmoe.preflight import preflight
     from specmoe.rundir import make_run_dir
-    from specmoe.stages.runner import StageRunner
+    from specmoe.stages.runner import StageRunner, rank_world
     from specmoe.tracking.tracker import env_params, flatten_params
 
     source = getattr(cfg, "source", "recipe")
@@ -58,11 +58,15 @@ def run(cfg: RunConfig) -> RunResult:
         os.environ["SPECMOE_DATA_DIR"] = str(Path(cfg.data_dir).expanduser().resolve())
     stages = StageRunner(cfg.stages, cfg.cache_dir, source)
     samples = preflight(cfg, source)
+    data_dir = os.environ.get("SPECMOE_DATA_DIR")
+    rank, _ = rank_world()
+    if rank != 0:  # torchrun / SLURM worker: join the distributed stages; rank 0 tracks and evaluates
+        ctx = StageContext(run_config=cfg, data_dir=Path(data_dir) if data_dir else None, device=_device())
+        return RunResult(run_dir=Path(cfg.output_dir), stages=stages.run(ctx))
     resolved = to_plain(cfg)
     run_dir = make_run_dir(cfg.output_dir, cfg.name, resolved, getattr(cfg, "overrides", []))
     logger.info("run directory: %s", run_dir)
     tracker = _tracker(cfg)
-    data_dir = os.environ.get("SPECMOE_DATA_DIR")
     recipe_hash = hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
     stages_hash = ",".join(f"{k}:{v}" for k, v in stages.keys.items())
     result = RunResult(run_dir=run_dir, tracking_uri=getattr(tracker, "uri", None))

@@ -46,6 +46,10 @@ class Stage(Plugin, ABC):
 
     #: bump when the stage's code changes what it produces (part of the cache key)
     version: ClassVar[str] = "1"
+    #: True for stages that train with ``lightning.Trainer`` across processes: under ``torchrun``/SLURM
+    #: every rank runs them (only rank 0 should write the final export). Other stages run on rank 0 while
+    #: the other ranks wait for their result.
+    distributed: ClassVar[bool] = False
 
     @abstractmethod
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:

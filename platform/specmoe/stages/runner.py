@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -20,7 +21,7 @@ from typing import Any, Callable
 from specmoe.config.errors import ConfigError, Problem
 from specmoe.config.schema import StageSpec
 
-__all__ = ["StageRunner", "substitute_refs", "STAGE_PREFIX"]
+__all__ = ["StageRunner", "substitute_refs", "STAGE_PREFIX", "rank_world"]
 
 logger = logging.getLogger(__name__)
 STAGE_PREFIX = "stage:"
@@ -36,6 +37,14 @@ def substitute_refs(node: Any, repl: Callable[[str], Any]) -> Any:
     if isinstance(node, (list, tuple)):
         return [substitute_refs(v, repl) for v in node]
     return node
+
+
+def rank_world() -> tuple[int, int]:
+    """Global rank and world size under torchrun / SLURM (0, 1 otherwise)."""
+    env = os.environ
+    world = int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
+    rank = int(env.get("RANK") or env.get("SLURM_PROCID") or 0)
+    return rank, world
 
 
 def _refs(node: Any) -> set[str]:
@@ -121,19 +130,36 @@ class StageRunner:
                 summaries[sid] = {**summary, "cached": True, "dir": str(out)}
                 logger.info("stage %s (%s): cached at %s", sid, spec.component.name, out)
                 continue
+            cls = spec.component.plugin_class()
+            rank, world = rank_world()
+            if world > 1 and rank != 0 and not getattr(cls, "distributed", False):
+                summaries[sid] = self._wait_for(sid)
+                continue
             out.mkdir(parents=True, exist_ok=True)
             resumed = any(p.name != "summary.json" for p in out.iterdir())
             logger.info("stage %s (%s): %s in %s", sid, spec.component.name, "resuming" if resumed else "running",
                         out)
-            cls = spec.component.plugin_class()
             stage = cls(cls.Config(**self.resolve(spec.component.options)))
             t0 = time.perf_counter()
             summary = dict(stage.run(out, ctx) or {})
             summary.setdefault("seconds", round(time.perf_counter() - t0, 2))
+            if rank != 0:  # distributed stage: rank 0 writes the result
+                summaries[sid] = {**summary, "cached": False, "dir": str(out)}
+                self._wait_for(sid)
+                continue
             (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
             (out / DONE).write_text(json.dumps({"key": self.keys[sid], "id": sid, "finished": time.time()}))
             summaries[sid] = {**summary, "cached": False, "dir": str(out)}
         return summaries
+
+    def _wait_for(self, sid: str, poll: float = 2.0) -> dict[str, Any]:
+        """Non-zero ranks: wait until rank 0 has finished stage ``sid``."""
+        out = self.out_dir(sid)
+        logger.info("stage %s: waiting for rank 0 (%s)", sid, out)
+        while not (out / DONE).is_file():
+            time.sleep(poll)
+        summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
+        return {**summary, "cached": True, "dir": str(out)}
 
     def _closure(self, ids: set[str]) -> set[str]:
         out: set[str] = set()
