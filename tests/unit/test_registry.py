@@ -112,8 +112,9 @@ def test_third_party_entry_point_discovered(monkeypatch, tmp_path):
     real = importlib.metadata.entry_points
 
     def fake(**kw):
-        found = list(real(**kw))
-        return found + [ep] if kw.get("group") == "specmoe.selectors" else found
+        if kw.get("group") == "specmoe.selectors":
+            return list(real(**kw)) + [ep]
+        return real(**kw)
 
     monkeypatch.setattr(importlib.metadata, "entry_points", fake)
     reg = Registry("selector", Selector)

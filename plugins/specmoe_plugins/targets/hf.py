@@ -122,8 +122,8 @@ class HFTarget(Target):
         self.path = path
         tok_path = cfg.tokenizer or path
         try:
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(tok_path,
-                                                                        local_files_only=cfg.local_files_only)
+            tok = transformers.AutoTokenizer.from_pretrained(tok_path, local_files_only=cfg.local_files_only)
+            self.tokenizer = tok if len(tok) > 1 else None  # tiny checkpoints without tokenizer files
         except (OSError, ValueError, TypeError) as exc:
             if cfg.tokenizer:
                 raise UserError(f"cannot load tokenizer '{tok_path}': {exc}") from exc

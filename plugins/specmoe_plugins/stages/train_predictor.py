@@ -1,0 +1,207 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``train_predictor``: train the learned expert predictor (paper §4.1, App. B.1) on routing traces.
+
+Everything runs through ``lightning.Trainer`` (``trainer:`` options: devices, num_nodes, strategy ddp/fsdp,
+precision, accumulation). Output directory::
+
+    checkpoints/last.ckpt        Lightning checkpoint (a rerun resumes from it, mid-epoch included)
+    checkpoints/final.ckpt       weights at the end of training
+    predictor/                   exported predictor for the ``learned`` plugin (``path: <out>/predictor``)
+    milestones/acc50/ ...        exports at the first validation reaching each accuracy level (Table 9)
+    logs/metrics.csv             per-step loss, per-validation accuracy (overall and per layer)
+
+Validation is on the traces' held-out ``test`` split; ``val/acc`` is the top-K routing accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from specmoe.errors import UserError
+from specmoe.interfaces.stage import Stage, StageContext
+from specmoe.training.trainer import TrainerOptions
+
+__all__ = ["TrainPredictor", "resolve_target_embedding", "mlflow_logger"]
+
+
+def resolve_target_embedding(target: Optional[dict[str, Any]], traces_meta: Any):
+    """The target's ``[V, H]`` embedding matrix, from ``target`` options or else the traces' target path."""
+    import torch
+
+    from specmoe.training.predictor_data import load_target_embedding
+
+    if target and target.get("tiny") is not None:
+        from specmoe.registry import targets
+
+        return targets.get("hf")(**target).model.get_input_embeddings().weight.detach().to(torch.float32)
+    path = (target or {}).get("path") or traces_meta.target.get("path")
+    if not path:
+        raise UserError("train_predictor: cannot tell which target the traces come from; "
+                        "set 'target: {path: ...}'")
+    if str(path).startswith("stage:"):
+        raise UserError(f"train_predictor.target.path '{path}' was not resolved: run the recipe with "
+                        f"'platform run'")
+    return load_target_embedding(str(path), (target or {}).get("revision"))
+
+
+def mlflow_logger(ctx: StageContext, run_name: str, params: dict[str, Any]):
+    """A Lightning ``MLFlowLogger`` nested under ``ctx.parent_run_id`` (None without tracking)."""
+    if not ctx.tracking_uri:
+        return None
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    uri = str(ctx.tracking_uri)
+    experiment, tags, location = "specmoe", {}, None
+    if ctx.parent_run_id:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(uri)
+        parent = client.get_run(ctx.parent_run_id)
+        experiment = client.get_experiment(parent.info.experiment_id).name
+        tags["mlflow.parentRunId"] = ctx.parent_run_id
+    elif uri.startswith("sqlite:///"):  # MLflow 3 refuses the default ./mlruns artifact store with sqlite
+        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    logger = MLFlowLogger(experiment_name=experiment, run_name=run_name, tracking_uri=uri, tags=tags,
+                          artifact_location=location)
+    logger.log_hyperparams(params)
+    return logger
+
+
+def _milestones_callback(levels: list[float], out: Path):
+    from lightning.pytorch.callbacks import Callback
+
+    from specmoe.training.predictor_module import export_from_checkpoint
+
+    class AccuracyMilestones(Callback):
+        """Export the predictor at the first validation whose ``val/acc`` reaches each level."""
+
+        def __init__(self) -> None:
+            self.reached: dict[str, dict[str, Any]] = {}
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            if trainer.sanity_checking or "val/acc" not in trainer.callback_metrics:
+                return
+            acc = float(trainer.callback_metrics["val/acc"])
+            for level in sorted(levels):
+                name = f"acc{round(level * 100):02d}"
+                if acc < level or name in self.reached:
+                    continue
+                ckpt = out / "checkpoints" / f"milestone-{name}.ckpt"
+                trainer.save_checkpoint(ckpt, weights_only=True)
+                info = {"level": level, "val_acc": acc, "global_step": trainer.global_step}
+                if trainer.is_global_zero:
+                    export_from_checkpoint(ckpt, out / "milestones" / name,
+                                           {"val_acc": acc, "milestone": level})
+                self.reached[name] = info
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"reached": self.reached}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.reached = dict(state.get("reached", {}))
+
+    return AccuracyMilestones()
+
+
+def _weights_sha(net: Any) -> str:
+    """Checksum of this rank's weights (replicas must agree under DDP)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for k, v in sorted(net.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class TrainPredictor(Stage):
+    """Lightning training of the expert predictor; exports ``predictor/`` and accuracy milestones."""
+
+    description = "train the learned expert predictor (paper 4.1) on routing traces (Lightning, DDP/FSDP)"
+    version = "1"
+    distributed = True  # Lightning DDP: every rank trains
+
+    @dataclass
+    class Config:
+        traces: str = ""
+        """trace directory (``stage:<collect_traces id>``)."""
+        target: Optional[dict[str, Any]] = None
+        """``hf`` target options, only to read its embedding matrix; default: the traces' target."""
+        backbone: Optional[str] = None
+        """backbone checkpoint or hub id (``Qwen/Qwen3-0.6B``); null: a fresh ``backbone_config``."""
+        backbone_config: dict[str, Any] = field(default_factory=dict)
+        """config fields (with ``model_type``) for a fresh backbone, or overrides of ``backbone``'s config."""
+        attn_implementation: str = "sdpa"
+        max_len: int = 512
+        """training window in tokens."""
+        batch_size: int = 16
+        """per-device batch size (global = batch_size x devices x nodes)."""
+        val_batch_size: Optional[int] = None
+        lr: float = 1e-5
+        """the paper's Adam learning rate; fresh tiny backbones want ~1e-3."""
+        weight_decay: float = 0.0
+        warmup_steps: int = 0
+        gradient_checkpointing: bool = False
+        num_workers: int = 0
+        seed: int = 0
+        milestones: list[float] = field(default_factory=lambda: [0.5, 0.6])
+        """export the first checkpoint whose held-out accuracy reaches each level (paper Table 9)."""
+        checkpoint_every_n_steps: Optional[int] = None
+        """also write ``last.ckpt`` every this many optimizer steps (default: at each validation)."""
+        trainer: TrainerOptions = field(default_factory=lambda: TrainerOptions(max_epochs=100))
+        """Lightning options; the default is the paper's 100 epochs (with ``lr`` 1e-5, batch 16: App. B.1)."""
+
+    def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
+        import lightning as L
+        from lightning.pytorch.callbacks import ModelCheckpoint
+        from lightning.pytorch.loggers import CSVLogger
+
+        from specmoe.training.predictor_data import RoutingTraceDataModule
+        from specmoe.training.predictor_module import PredictorModule, export_from_checkpoint
+        from specmoe.training.trainer import build_trainer
+
+        cfg = self.config
+        if not cfg.traces:
+            raise UserError("train_predictor: set 'traces' (e.g. \"stage:traces\")")
+        topts = cfg.trainer if isinstance(cfg.trainer, TrainerOptions) else TrainerOptions(**cfg.trainer)
+        out = Path(out_dir)
+        L.seed_everything(cfg.seed, workers=True)
+        dm = RoutingTraceDataModule(cfg.traces, cfg.max_len, cfg.batch_size, cfg.val_batch_size,
+                                    cfg.num_workers, cfg.seed)
+        m = dm.meta
+        module = PredictorModule(m.num_layers, m.num_experts, m.top_k, m.hidden_size, m.vocab_size,
+                                 cfg.backbone, cfg.backbone_config, cfg.attn_implementation, cfg.lr,
+                                 cfg.weight_decay, warmup_steps=cfg.warmup_steps,
+                                 gradient_checkpointing=cfg.gradient_checkpointing)
+        module.set_target_embedding(resolve_target_embedding(cfg.target, m))
+        milestones = _milestones_callback(list(cfg.milestones), out)
+        callbacks = [ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0,
+                                     every_n_train_steps=cfg.checkpoint_every_n_steps), milestones]
+        loggers = [CSVLogger(str(out), name="logs", version="")]
+        mlf = mlflow_logger(ctx, "train_predictor", {k: v for k, v in asdict(cfg).items() if k != "trainer"})
+        if mlf is not None:
+            loggers.append(mlf)
+        trainer = build_trainer(topts, out, callbacks=callbacks, logger=loggers,
+                                use_distributed_sampler=False)  # the DataModule's sampler splits batches
+        last = out / "checkpoints" / "last.ckpt"
+        trainer.fit(module, dm, ckpt_path=str(last) if last.is_file() else None)
+        final = out / "checkpoints" / "final.ckpt"
+        trainer.save_checkpoint(final, weights_only=True)
+        results = trainer.validate(module, datamodule=dm, verbose=False)  # final held-out metrics
+        metrics = {k: float(v) for k, v in (results[0] if results else {}).items() if k.startswith("val/")}
+        summary = {"val_acc": metrics.get("val/acc"), "val_loss": metrics.get("val/loss"),
+                   "weights_sha256": _weights_sha(module.net),
+                   "val_acc_per_layer": [metrics[f"val/acc_layer_{i}"] for i in range(m.num_layers)
+                                         if f"val/acc_layer_{i}" in metrics],
+                   "global_step": trainer.global_step, "epochs": trainer.current_epoch,
+                   "world_size": trainer.world_size, "milestones": milestones.reached,
+                   "predictor": str((out / "predictor").resolve())}
+        if trainer.is_global_zero:
+            export_from_checkpoint(final, out / "predictor",
+                                   {"val_acc": summary["val_acc"], "traces": cfg.traces})
+            (out / "predictor" / "training_summary.json").write_text(json.dumps(summary, indent=1))
+        trainer.strategy.barrier()
+        return summary
