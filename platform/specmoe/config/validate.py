@@ -215,7 +215,7 @@ class Validator:
 
         def walk(node: Any, path: str) -> None:
             if isinstance(node, str) and node.startswith("stage:"):
-                ref = node[len("stage:"):]
+                ref = node[len("stage:"):].partition("/")[0]
                 if ref not in ids:
                     close = difflib.get_close_matches(ref, list(ids), n=1)
                     hint = f" Did you mean 'stage:{close[0]}'?" if close else ""

@@ -21,17 +21,26 @@ from typing import Any, Callable
 from specmoe.config.errors import ConfigError, Problem
 from specmoe.config.schema import StageSpec
 
-__all__ = ["StageRunner", "substitute_refs", "STAGE_PREFIX", "rank_world"]
+__all__ = ["StageRunner", "substitute_refs", "split_ref", "STAGE_PREFIX", "rank_world"]
 
 logger = logging.getLogger(__name__)
 STAGE_PREFIX = "stage:"
 DONE = ".done"
 
 
+def split_ref(text: str) -> tuple[str, str]:
+    """``"stage:<id>/<sub/path>"`` -> ``(id, "sub/path")`` (the sub-path may be empty)."""
+    sid, _, sub = text[len(STAGE_PREFIX):].partition("/")
+    return sid, sub
+
+
 def substitute_refs(node: Any, repl: Callable[[str], Any]) -> Any:
-    """Deep-copy ``node`` replacing every ``"stage:<id>"`` string by ``repl(id)``."""
+    """Deep-copy ``node`` replacing every ``"stage:<id>[/<sub/path>]"`` string by ``repl(id)`` (joined with
+    the sub-path when ``repl`` returns a string)."""
     if isinstance(node, str) and node.startswith(STAGE_PREFIX):
-        return repl(node[len(STAGE_PREFIX):])
+        sid, sub = split_ref(node)
+        value = repl(sid)
+        return f"{value}/{sub}" if sub and isinstance(value, str) else value
     if isinstance(node, dict):
         return {k: substitute_refs(v, repl) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
