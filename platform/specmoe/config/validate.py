@@ -139,7 +139,12 @@ class Validator:
         for name, f in flds.items():
             key = self._join(path, name)
             if name in value:
-                kwargs[name] = self.convert(value[name], hints[name], key, f.metadata.get("kind"))
+                sub = value[name]
+                if isinstance(sub, dict) and f.default_factory is not dataclasses.MISSING:
+                    default = f.default_factory()
+                    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+                        sub = {**to_plain(default), **sub}  # a partial mapping keeps the field's own defaults
+                kwargs[name] = self.convert(sub, hints[name], key, f.metadata.get("kind"))
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 self.error(key, f"missing required key '{name}' ({_type_name(hints[name])})")
         try:

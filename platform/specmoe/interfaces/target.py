@@ -38,6 +38,8 @@ class Target(Plugin, ABC):
     # ------------------------------------------------------------------ structure
     model: Any
     tokenizer: Any
+    #: local checkpoint directory or hub id the model was loaded from (drafters such as MTP default to it)
+    path: str
 
     @property
     @abstractmethod
