@@ -59,6 +59,7 @@ class PretrainTarget(Stage):
 
     description = "pretrain a small GPT-OSS-style MoE target on GSM8K train (HF checkpoint + tokenizer)"
     version = "1"
+    distributed = True  # Lightning DDP under torchrun / SLURM: every rank trains, rank 0 exports
 
     @dataclass
     class Config:

@@ -1,0 +1,231 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Loading and saving EAGLE-3 drafts in the released checkpoint format.
+
+A checkpoint is a directory (or a hub repository) with ``config.json`` (see
+:class:`~specmoe.drafting.eagle3_model.Eagle3Config`) and the weights in ``model.safetensors`` (sharded with
+``model.safetensors.index.json``) or ``pytorch_model.bin`` (the original EAGLE releases). Weight names are
+those of :class:`~specmoe.drafting.eagle3_model.Eagle3Model`; on read a few spellings used elsewhere are
+accepted: vLLM's ``layers.0.`` for ``midlayer.`` and ``draft_id_to_target_id`` for ``d2t``, and a leading
+``model.``; rotary ``inv_freq`` buffers are ignored. ``t2d`` is rebuilt from ``d2t`` when absent (vLLM drops
+it), ``embed_tokens`` is taken from the target when absent (SpecForge exports omit it), and ``d2t`` / ``t2d``
+may be absent when the two vocabularies are equal. Any other missing or unexpected key is an error that
+lists them all.
+
+Saved directories use exactly the released layout (``config.json`` + ``model.safetensors``) so SGLang and vLLM
+serve them; ``embed_tokens`` is written only on request (the serving engines share the target's).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from specmoe.drafting.eagle3_model import Eagle3Config, Eagle3Model
+from specmoe.drafting.vocab_map import check_vocab_map
+from specmoe.errors import UserError
+
+__all__ = [
+    "REQUIRED_SERVING_KEYS",
+    "WEIGHTS_NAME",
+    "load_eagle3",
+    "load_state",
+    "normalize_keys",
+    "read_config",
+    "read_state_dict",
+    "resolve_checkpoint",
+    "save_eagle3",
+]
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_NAME = "model.safetensors"
+#: the keys SGLang needs to serve a draft (SpecForge ``to_sglang.py``)
+REQUIRED_SERVING_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "t2d", "d2t")
+_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",
+             "pytorch_model.bin.index.json"]
+_ALIASES = (("layers.0.", "midlayer."),)
+
+
+def resolve_checkpoint(path: str, revision: Optional[str] = None, local_files_only: bool = False) -> Path:
+    """A local checkpoint directory for ``path`` (a directory, or a hub id fetched with huggingface_hub)."""
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise UserError(f"EAGLE-3 checkpoint '{path}' has no config.json: point 'path' at a draft "
+                            f"directory")
+        return local
+    if path.startswith((".", "/", "~", "stage:")) or path.count("/") != 1:
+        raise UserError(f"EAGLE-3 checkpoint '{path}' does not exist locally and is not a hub id "
+                        f"(owner/name)")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path, revision=revision, allow_patterns=_PATTERNS,
+                                      local_files_only=local_files_only))
+    except Exception as exc:  # network, auth, missing repo: one clear message
+        raise UserError(f"cannot fetch EAGLE-3 checkpoint '{path}' from the hub "
+                        f"({type(exc).__name__}: {exc}); "
+                        f"download it and pass the local directory") from exc
+
+
+def read_config(ckpt: Path) -> Eagle3Config:
+    """Parse ``ckpt/config.json``."""
+    f = Path(ckpt) / "config.json"
+    try:
+        d = json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {f}: {exc}") from exc
+    return Eagle3Config.from_dict(d, where=str(f))
+
+
+def read_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint (safetensors, sharded safetensors or ``pytorch_model.bin``)."""
+    from safetensors.torch import load_file
+
+    ckpt = Path(ckpt)
+    index = ckpt / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        out: dict[str, torch.Tensor] = {}
+        for s in shards:
+            out.update(load_file(str(ckpt / s)))
+        return out
+    files = sorted(ckpt.glob("*.safetensors"))
+    if files:
+        out = {}
+        for f in files:
+            out.update(load_file(str(f)))
+        return out
+    bins = sorted(ckpt.glob("pytorch_model*.bin"))
+    if bins:
+        out = {}
+        for f in bins:
+            out.update(torch.load(f, map_location="cpu", weights_only=True))
+        return out
+    raise UserError(f"EAGLE-3 checkpoint {ckpt} holds no weights (model.safetensors or pytorch_model.bin)")
+
+
+def normalize_keys(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map accepted alternative spellings to the released names (see the module docstring)."""
+    out = {}
+    for key, t in sd.items():
+        if key.endswith("rotary_emb.inv_freq"):  # a derived buffer some exports include
+            continue
+        k = key.removeprefix("model.")
+        for old, new in _ALIASES:
+            if k.startswith(old):
+                k = new + k[len(old):]
+        if k == "draft_id_to_target_id":
+            k = "d2t"
+        out[k] = t
+    return out
+
+
+def load_state(model: Eagle3Model, sd: dict[str, torch.Tensor], where: str,
+               embed: Optional[torch.Tensor] = None) -> None:
+    """Check ``sd`` against ``model``'s layout and load it.
+
+    Args:
+        embed: the target's ``[V, H]`` embedding, used when the checkpoint has no ``embed_tokens``.
+
+    Raises:
+        UserError: missing / unexpected keys, shape mismatches, inconsistent ``d2t`` / ``t2d``.
+    """
+    c = model.config
+    sd = normalize_keys(sd)
+    expected = model.state_dict()
+    optional = {"embed_tokens.weight", "t2d"}
+    if c.draft_vocab_size == c.vocab_size:
+        optional.add("d2t")
+    missing = sorted(k for k in expected if k not in sd and k not in optional)
+    unexpected = sorted(k for k in sd if k not in expected)
+    if missing or unexpected:
+        raise UserError(
+            f"EAGLE-3 checkpoint {where} does not match its config: "
+            f"missing keys: {missing or 'none'}; unexpected keys: {unexpected or 'none'}. "
+            f"Expected the released layout (fc, midlayer.*, norm, lm_head, d2t, t2d, optional embed_tokens).")
+    bad = [f"{k}: checkpoint {tuple(sd[k].shape)} vs config {tuple(v.shape)}" for k, v in expected.items()
+           if k in sd and tuple(sd[k].shape) != tuple(v.shape)]
+    if bad:
+        raise UserError(f"EAGLE-3 checkpoint {where}: tensor shapes disagree with config.json: "
+                        f"{'; '.join(bad)}")
+    if "embed_tokens.weight" not in sd:
+        if embed is None:
+            raise UserError(f"EAGLE-3 checkpoint {where} has no embed_tokens and no target embedding "
+                            f"was given")
+        if tuple(embed.shape) != tuple(expected["embed_tokens.weight"].shape):
+            raise UserError(f"EAGLE-3 checkpoint {where} has no embed_tokens and the target's embedding "
+                            f"{tuple(embed.shape)} does not fit "
+                            f"{tuple(expected['embed_tokens.weight'].shape)} "
+                            f"(target_hidden_size differs: the checkpoint must include embed_tokens)")
+        sd["embed_tokens.weight"] = embed
+    if "d2t" not in sd:
+        sd["d2t"] = torch.zeros(c.draft_vocab_size, dtype=torch.long)
+    if "t2d" not in sd:
+        t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+        t2d[sd["d2t"].long() + torch.arange(c.draft_vocab_size)] = True
+        sd["t2d"] = t2d
+    sd["d2t"], sd["t2d"] = sd["d2t"].long(), sd["t2d"].bool()
+    try:
+        check_vocab_map(sd["d2t"], sd["t2d"])
+    except ValueError as exc:
+        raise UserError(f"EAGLE-3 checkpoint {where}: {exc}") from exc
+    model.load_state_dict(sd, strict=True)
+
+
+def load_eagle3(path: str, *, embed: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None,
+                device: Any = "cpu", revision: Optional[str] = None,
+                local_files_only: bool = False) -> Eagle3Model:
+    """Load a draft from a directory or hub id.
+
+    Args:
+        embed: the target's embedding weight (used when the checkpoint has none).
+        dtype: parameter dtype (default: ``torch_dtype`` of config.json).
+    """
+    ckpt = resolve_checkpoint(path, revision, local_files_only)
+    cfg = read_config(ckpt)
+    if dtype is None:
+        dtype = getattr(torch, cfg.torch_dtype, None) or torch.bfloat16
+    with torch.device("meta"):
+        model = Eagle3Model(cfg)
+    model = model.to_empty(device="cpu")
+    model.rotary = type(model.rotary)(cfg.llama_config())  # real (not meta) rotary buffers
+    load_state(model, read_state_dict(ckpt), str(ckpt), None if embed is None else embed.detach().cpu())
+    model.to(device=device, dtype=dtype)
+    model.d2t.data = model.d2t.long()
+    model.t2d.data = model.t2d.bool()
+    return model.eval()
+
+
+def save_eagle3(model: Eagle3Model, out_dir: str | Path, *, save_embed_tokens: bool = False,
+                dtype: Optional[torch.dtype] = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` in the released layout.
+
+    Args:
+        save_embed_tokens: include ``embed_tokens.weight`` (by default the serving engine takes the target's).
+        dtype: floating-point dtype of the written weights (default: the model's); recorded as
+            ``torch_dtype``.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {}
+    for k, t in model.state_dict().items():
+        if k == "embed_tokens.weight" and not save_embed_tokens:
+            continue
+        t = t.detach().to("cpu")
+        if t.is_floating_point() and dtype is not None:
+            t = t.to(dtype)
+        sd[k] = t.contiguous()
+    wdt = dtype or model.fc.weight.dtype
+    cfg = model.config.replace(torch_dtype=str(wdt).replace("torch.", ""))
+    tmp = out / (WEIGHTS_NAME + ".tmp")
+    save_file(sd, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out / WEIGHTS_NAME)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    return out

@@ -1,0 +1,339 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The EAGLE-3 draft network (one Llama-style decoder layer over ``[embedding, hidden]``) and its config.
+
+Module and parameter names are those of the released checkpoints (EAGLE ``cnets.py``, SpecForge
+``LlamaForCausalLMEagle3``), so ``state_dict()`` *is* the checkpoint layout::
+
+    embed_tokens.weight [V, H]      frozen; usually the target's own embedding
+    fc.weight [H, 3 * H_t]          fuses the three captured target hidden states
+    midlayer.{hidden_norm, input_layernorm, post_attention_layernorm}.weight [H]
+    midlayer.self_attn.{q,k,v}_proj.weight [*, 2H]   o_proj.weight [H, heads * head_dim]
+    midlayer.mlp.{gate,up,down}_proj.weight
+    norm.weight [H]                 lm_head.weight [V_draft, H]
+    d2t [V_draft] int64 (target id = i + d2t[i])    t2d [V] bool
+
+One step: ``x = [input_layernorm(embed(token)), hidden_norm(h)]`` (embedding first), attention over ``x``
+plus residual ``h``, MLP with residual; the pre-norm output is the next step's ``h`` and
+``lm_head(norm(.))`` gives draft-vocabulary logits. Step 0 takes ``h = fc(target features)``.
+
+Attention is left to the caller (:meth:`Eagle3Model.qkv` / :meth:`Eagle3Model.finish`) so that inference (a KV
+cache plus tree masks) and training (the training-time-test diagonal attention) share every weight op.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from specmoe.errors import UserError
+
+__all__ = ["ARCHITECTURE", "Eagle3Config", "Eagle3Model", "RMSNorm", "attend", "capture_indices"]
+
+#: architecture name written to config.json (SpecForge / SGLang / vLLM)
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+def capture_indices(aux_layer_ids: Optional[list[int]], num_target_layers: int) -> list[int]:
+    """Target ``hidden_states`` indices (0 = embeddings, i + 1 = output of decoder layer i) to capture.
+
+    SGLang's convention: ``eagle_aux_hidden_state_layer_ids`` are "output of layer" ids, captured as the
+    input of layer ``id + 1``; without them the inputs of layers ``[2, L // 2, L - 3]``. Captures are
+    concatenated in layer order (as the serving engines collect them while walking the layers).
+    """
+    n = int(num_target_layers)
+    idx = [i + 1 for i in aux_layer_ids] if aux_layer_ids else [2, n // 2, n - 3]
+    return sorted(min(max(i, 0), n) for i in idx)
+
+
+@dataclass
+class Eagle3Config:
+    """The fields of an EAGLE-3 ``config.json`` the network needs; everything else is kept in ``raw``."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    """the target's vocabulary (rows of ``embed_tokens``, length of ``t2d``)."""
+    draft_vocab_size: int
+    head_dim: Optional[int] = None
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    target_hidden_size: Optional[int] = None
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict[str, Any]] = None
+    aux_layer_ids: Optional[list[int]] = None
+    """``eagle_config.eagle_aux_hidden_state_layer_ids`` (None: the serving engines' default)."""
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    norm_before_residual: bool = False
+    """vLLM flag: the residual is ``hidden_norm(h)`` instead of ``h``."""
+    torch_dtype: str = "bfloat16"
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    """the config.json it was read from (unknown keys are written back unchanged)."""
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
+    @property
+    def fused_size(self) -> int:
+        """Width of the captured target features (3 x the target hidden size)."""
+        return 3 * (self.target_hidden_size or self.hidden_size)
+
+    # ------------------------------------------------------------------ config.json
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "config.json") -> Eagle3Config:
+        """Parse EAGLE-3 ``config.json`` (SpecForge, EAGLE, or transformers-5 ``rope_parameters`` style)."""
+        if int(d.get("num_hidden_layers", 1)) != 1:
+            raise UserError(f"{where}: num_hidden_layers={d['num_hidden_layers']}; only one-layer EAGLE-3 "
+                            f"drafts are supported")
+        for flag in ("fc_norm", "norm_output"):
+            if d.get(flag):
+                raise UserError(f"{where}: '{flag}: true' drafts are not supported by this loader")
+        eagle = d.get("eagle_config") or {}
+        if eagle.get("use_aux_hidden_state") is False:
+            raise UserError(f"{where}: eagle_config.use_aux_hidden_state=false (EAGLE-1/2 style) is not "
+                            f"supported")
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+                   if k not in d]
+        if missing:
+            raise UserError(f"{where}: missing field(s) {', '.join(missing)}; is this an EAGLE-3 draft "
+                            f"config?")
+        theta, scaling = d.get("rope_theta"), d.get("rope_scaling")
+        rp = d.get("rope_parameters")
+        if theta is None and isinstance(rp, dict):
+            theta = rp.get("rope_theta")
+            if rp.get("rope_type", "default") != "default":
+                scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+        return cls(
+            hidden_size=int(d["hidden_size"]), intermediate_size=int(d["intermediate_size"]),
+            num_attention_heads=int(d["num_attention_heads"]),
+            num_key_value_heads=int(d.get("num_key_value_heads") or d["num_attention_heads"]),
+            vocab_size=int(d["vocab_size"]),
+            draft_vocab_size=int(d.get("draft_vocab_size") or d["vocab_size"]),
+            head_dim=d.get("head_dim"), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            hidden_act=str(d.get("hidden_act", "silu")), target_hidden_size=d.get("target_hidden_size"),
+            max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+            rope_theta=float(theta if theta is not None else 10000.0), rope_scaling=scaling,
+            aux_layer_ids=[int(i) for i in ids] if ids is not None else None,
+            attention_bias=bool(d.get("attention_bias", False)), mlp_bias=bool(d.get("mlp_bias", False)),
+            norm_before_residual=bool(d.get("norm_before_residual", False)),
+            torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "bfloat16"), raw=dict(d))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``config.json`` to write: ``raw`` with every known field set to the current value."""
+        out = dict(self.raw)
+        out.setdefault("architectures", [ARCHITECTURE])
+        out.setdefault("model_type", "llama")
+        out.update(hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+                   num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+                   num_hidden_layers=1, rms_norm_eps=self.rms_norm_eps,
+                   hidden_act=self.hidden_act, vocab_size=self.vocab_size,
+                   draft_vocab_size=self.draft_vocab_size,
+                   max_position_embeddings=self.max_position_embeddings, torch_dtype=self.torch_dtype)
+        out.setdefault("tie_word_embeddings", False)
+        if "head_dim" in out or self.head_dim != self.hidden_size // self.num_attention_heads:
+            out["head_dim"] = self.head_dim
+        if "rope_parameters" in out and "rope_theta" not in out:
+            rp = {"rope_theta": self.rope_theta, **(self.rope_scaling or {"rope_type": "default"})}
+            out["rope_parameters"] = rp
+        else:
+            out["rope_theta"] = self.rope_theta
+            if self.rope_scaling is not None or "rope_scaling" in out:
+                out["rope_scaling"] = self.rope_scaling
+        if "dtype" in out:
+            out["dtype"] = self.torch_dtype
+        if self.target_hidden_size is not None:
+            out["target_hidden_size"] = self.target_hidden_size
+        if self.aux_layer_ids is not None or "eagle_config" in out:
+            eagle = dict(out.get("eagle_config") or {})
+            if self.aux_layer_ids is not None:
+                eagle["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layer_ids)
+            out["eagle_config"] = eagle
+        for flag in ("attention_bias", "mlp_bias", "norm_before_residual"):
+            if getattr(self, flag) or flag in out:
+                out[flag] = getattr(self, flag)
+        return out
+
+    def replace(self, **changes: Any) -> Eagle3Config:
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        kw.update(changes)
+        return Eagle3Config(**kw)
+
+    def llama_config(self):
+        """A ``transformers.LlamaConfig`` carrying the rotary settings (for ``LlamaRotaryEmbedding``)."""
+        from transformers import LlamaConfig
+
+        return LlamaConfig(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
+                           head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings,
+                           rope_theta=self.rope_theta, rope_scaling=self.rope_scaling)
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm (computed in float32)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dt)
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        h2, hd = 2 * c.hidden_size, c.head_dim
+        self.q_proj = nn.Linear(h2, c.num_attention_heads * hd, bias=c.attention_bias)
+        self.k_proj = nn.Linear(h2, c.num_key_value_heads * hd, bias=c.attention_bias)
+        self.v_proj = nn.Linear(h2, c.num_key_value_heads * hd, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_attention_heads * hd, c.hidden_size, bias=c.attention_bias)
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        from transformers.activations import ACT2FN
+
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        self.act = ACT2FN[c.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _MidLayer(nn.Module):
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = _Attention(c)
+        self.mlp = _MLP(c)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Masked attention with grouped KV heads.
+
+    Args:
+        q: ``[B, Hq, N, D]``; k, v: ``[B, Hkv, S, D]``.
+        allowed: ``[B, N, S]`` bool; every query row must allow at least one key.
+
+    Returns:
+        ``[B, Hq, N, D]``.
+    """
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+
+
+class Eagle3Model(nn.Module):
+    """The draft network; see the module docstring for names and the step computation."""
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(c.fused_size, c.hidden_size, bias=False)
+        self.midlayer = _MidLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+        if c.draft_vocab_size <= c.vocab_size:
+            self.t2d[: c.draft_vocab_size] = True
+        self.rotary = LlamaRotaryEmbedding(c.llama_config())
+        self.scale = 1.0 / math.sqrt(c.head_dim)
+
+    # ------------------------------------------------------------------ pieces of one step
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """``[..., 3 H_t]`` target features -> ``[..., H]`` step-0 hidden (``fc``); ``[..., H]`` passes."""
+        if features.shape[-1] == self.config.hidden_size:
+            return features
+        return self.fc(features.to(self.fc.weight.dtype))
+
+    def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
+        """Queries, keys, values (RoPE applied) and the residual of one step.
+
+        Args:
+            tokens: ``[B, N]`` target-vocabulary ids; hidden: ``[B, N, H]``; positions: ``[B, N]``.
+
+        Returns:
+            ``q [B, Hq, N, D]``, ``k, v [B, Hkv, N, D]``, ``residual [B, N, H]``.
+        """
+        layer, c = self.midlayer, self.config
+        emb = self.embed_tokens(tokens).to(hidden.dtype)
+        h_norm = layer.hidden_norm(hidden)
+        residual = h_norm if c.norm_before_residual else hidden
+        x = torch.cat([layer.input_layernorm(emb), h_norm], dim=-1)
+        b, n, _ = x.shape
+        att = layer.self_attn
+        q = att.q_proj(x).view(b, n, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = att.k_proj(x).view(b, n, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = att.v_proj(x).view(b, n, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        cos, sin = self.rotary(x, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q, k, v, residual
+
+    def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``attn [B, Hq, N, D]`` -> the step output ``[B, N, H]`` (pre-norm; the next step's hidden)."""
+        layer = self.midlayer
+        b, _, n, _ = attn.shape
+        h = residual + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., H]`` -> ``[..., V_draft]`` float32 draft-vocabulary logits."""
+        return self.lm_head(self.norm(hidden)).float()
+
+    def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+             past_k: Optional[torch.Tensor], past_v: Optional[torch.Tensor], allowed: torch.Tensor):
+        """One step of ``N`` new inputs attending to ``S`` cached keys and to each other.
+
+        Args:
+            allowed: ``[B, N, S + N]`` bool visibility (cached slots first).
+
+        Returns:
+            ``(out [B, N, H], k [B, Hkv, N, D], v [B, Hkv, N, D])`` -- the new keys/values to cache.
+        """
+        q, k, v, residual = self.qkv(tokens, hidden, positions)
+        keys = k if past_k is None else torch.cat([past_k, k], dim=2)
+        values = v if past_v is None else torch.cat([past_v, v], dim=2)
+        return self.finish(attend(q, keys, values, allowed), residual), k, v
+
+    # ------------------------------------------------------------------ vocabulary
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids (``i + d2t[i]``)."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def target_to_draft(self) -> torch.Tensor:
+        """``[V]`` int64: the draft id of each target id, ``-1`` where it is not in the draft vocabulary."""
+        out = torch.full_like(self.t2d, -1, dtype=torch.long)
+        used = self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
+        out[used] = torch.arange(used.numel(), device=used.device)
+        return out

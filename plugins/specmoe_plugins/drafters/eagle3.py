@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``eagle3``: EAGLE-3 drafting (fused target features, one draft layer, EAGLE-2/3 dynamic tree).
+
+Loads the released EAGLE-3 format (``lmsys/EAGLE3-gpt-oss-120b-bf16``, ``lmsys/Qwen3-235B-A22B-EAGLE3``,
+SpecForge exports, drafts trained by ``train_eagle3`` / ``train_gto``) or builds an untrained draft shaped
+after the target (``init``). The target hidden states it needs are chosen by SGLang's convention from
+``eagle_config.eagle_aux_hidden_state_layer_ids`` (:func:`~specmoe.drafting.eagle3_model.capture_indices`).
+
+Per draft call: one draft forward over the newly committed tokens (paired with the target features before
+them; it also yields the root's distribution), then one forward per further tree level. The draft KV cache
+keeps only committed context; tree keys are temporaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+import torch
+from specmoe.decoding.tree import DraftTree
+from specmoe.drafting.eagle3_model import Eagle3Config, Eagle3Model, capture_indices
+from specmoe.drafting.eagle3_tree import TreeContext, draft_pool
+from specmoe.errors import UserError
+from specmoe.interfaces.drafter import Committed, Drafter
+
+__all__ = ["Eagle3Drafter", "Eagle3State", "init_config"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def init_config(target: Any, **overrides: Any) -> Eagle3Config:
+    """An EAGLE-3 config shaped after ``target`` (hidden size, heads, MLP width, vocabulary, norms, RoPE).
+
+    ``overrides`` may set any :class:`Eagle3Config` field (e.g. ``draft_vocab_size``, ``aux_layer_ids``).
+    """
+    hc = target.model.config
+    heads = int(hc.num_attention_heads)
+    rope = getattr(hc, "rope_parameters", None) or {}
+    kw: dict[str, Any] = dict(
+        hidden_size=target.hidden_size,
+        intermediate_size=int(getattr(hc, "intermediate_size", 4 * target.hidden_size)),
+        num_attention_heads=heads, num_key_value_heads=int(getattr(hc, "num_key_value_heads", None) or heads),
+        head_dim=target.hidden_size // heads, vocab_size=target.vocab_size,
+        draft_vocab_size=min(32000, target.vocab_size), rms_norm_eps=float(getattr(hc, "rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(getattr(hc, "max_position_embeddings", 4096)),
+        rope_theta=float(rope.get("rope_theta", getattr(hc, "rope_theta", 10000.0))),
+        torch_dtype=str(target.dtype).replace("torch.", ""))
+    if heads % kw["num_key_value_heads"]:
+        kw["num_key_value_heads"] = heads
+    known = {f.name for f in fields(Eagle3Config)} - {"raw"}
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise UserError(f"EAGLE-3 draft options {bad} are not config fields; valid: "
+                        f"{', '.join(sorted(known))}")
+    kw.update(overrides)
+    if kw["draft_vocab_size"] > kw["vocab_size"]:
+        raise UserError(f"EAGLE-3 draft_vocab_size {kw['draft_vocab_size']} exceeds the target vocabulary "
+                        f"{kw['vocab_size']}")
+    if kw.get("aux_layer_ids") is None:
+        kw["aux_layer_ids"] = [i - 1 for i in capture_indices(None, target.num_hidden_layers)]
+    return Eagle3Config(**kw)
+
+
+@dataclass
+class Eagle3State:
+    """Per-generation draft state: the committed-context KV cache and the current root."""
+
+    k: Optional[torch.Tensor] = None  # [B, Hkv, S, D]
+    v: Optional[torch.Tensor] = None
+    valid: Optional[torch.Tensor] = None  # [B, S]
+    root: Optional[torch.Tensor] = None  # [B]
+    root_hidden: Optional[torch.Tensor] = None  # [B, H]
+    root_logp: Optional[torch.Tensor] = None  # [B, Vd]
+    root_pos: Optional[torch.Tensor] = None  # [B]
+
+
+class Eagle3Drafter(Drafter):
+    """EAGLE-3 draft model with its own KV cache of accepted context."""
+
+    description = "EAGLE-3 draft (released checkpoint format), EAGLE-2/3 dynamic tree"
+
+    @dataclass
+    class Config:
+        path: Optional[str] = None
+        """EAGLE-3 checkpoint directory or hub id (``lmsys/EAGLE3-gpt-oss-120b-bf16``), or ``stage:<id>``."""
+        init: Optional[dict[str, Any]] = None
+        """build an untrained draft shaped after the target instead: ``{seed: 0, <Eagle3Config field>: ...}``
+        (for tests and as a training start)."""
+        dtype: Optional[str] = None
+        """``float32`` / ``bfloat16`` / ``float16``; default: the target's dtype."""
+        revision: Optional[str] = None
+        local_files_only: bool = False
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        if (self.config.path is None) == (self.config.init is None):
+            raise UserError(f"drafter {self._name()}: set exactly one of 'path' (an EAGLE-3 checkpoint) and "
+                            f"'init' (an untrained draft)")
+        self.model: Optional[Eagle3Model] = None
+        self._layers: list[int] = []
+
+    def _name(self) -> str:
+        return "eagle3"
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def feature_layers(self) -> list[int]:
+        return list(self._layers)
+
+    def setup(self, target: Any) -> None:
+        from specmoe.drafting.eagle3_io import load_eagle3
+
+        cfg = self.config
+        dtype = _DTYPES[cfg.dtype] if cfg.dtype else target.dtype
+        embed = target.model.get_input_embeddings().weight
+        if cfg.path is not None:
+            if cfg.path.startswith("stage:"):
+                raise UserError(f"drafter {self._name()}.path '{cfg.path}' was not resolved: run the recipe "
+                                f"with 'platform run'")
+            model = load_eagle3(cfg.path, embed=embed, dtype=dtype, device=target.device,
+                                revision=cfg.revision, local_files_only=cfg.local_files_only)
+        else:
+            init = dict(cfg.init or {})
+            seed = int(init.pop("seed", 0))
+            torch.manual_seed(seed)
+            model = Eagle3Model(init_config(target, **init))
+            with torch.no_grad():
+                model.embed_tokens.weight.copy_(embed.detach().to("cpu", model.embed_tokens.weight.dtype))
+            model.to(device=target.device, dtype=dtype).eval()
+        c = model.config
+        if c.vocab_size != target.vocab_size:
+            raise UserError(f"drafter {self._name()}: draft vocab_size {c.vocab_size} != target's "
+                            f"{target.vocab_size}; this draft was trained for another target")
+        if (c.target_hidden_size or c.hidden_size) != target.hidden_size:
+            raise UserError(f"drafter {self._name()}: draft expects target hidden size "
+                            f"{c.target_hidden_size or c.hidden_size}, the target has {target.hidden_size}")
+        self._layers = capture_indices(c.aux_layer_ids, target.num_hidden_layers)
+        self.model = model.requires_grad_(False)
+        self.target = target
+
+    def begin(self, batch_size: int) -> Eagle3State:
+        return Eagle3State()
+
+    # ------------------------------------------------------------------ drafting
+    @torch.no_grad()
+    def _absorb(self, state: Eagle3State, committed: Committed) -> None:
+        """Run the draft over the committed (token, previous feature) pairs and update the root."""
+        m = self.model
+        c = m.config
+        tokens, pos = committed.tokens, committed.positions
+        bsz, n = tokens.shape
+        dev = tokens.device
+        if committed.features is None:
+            raise UserError("drafter eagle3 got no target features: the engine must request feature_layers")
+        valid = committed.valid & (pos > 0)  # position 0 has no previous feature (EAGLE drops it too)
+        dtype = m.fc.weight.dtype
+        hidden = m.project(committed.features.to(device=m.fc.weight.device, dtype=dtype))
+        if state.k is None:
+            shape = (bsz, c.num_key_value_heads, 0, c.head_dim)
+            state.k = torch.zeros(shape, dtype=dtype, device=dev)
+            state.v = torch.zeros(shape, dtype=dtype, device=dev)
+            state.valid = torch.zeros(bsz, 0, dtype=torch.bool, device=dev)
+        s = state.valid.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()[None] & valid[:, None, :]
+        causal = causal | torch.eye(n, dtype=torch.bool, device=dev)[None]  # padding queries see themselves
+        old = state.valid[:, None, :].expand(bsz, n, s) & valid[:, :, None]
+        out, k, v = m.step(tokens, hidden, pos - 1, state.k, state.v, torch.cat([old, causal], dim=2))
+        state.k = torch.cat([state.k, k], dim=2)
+        state.v = torch.cat([state.v, v], dim=2)
+        state.valid = torch.cat([state.valid, valid], dim=1)
+        counts = valid.sum(dim=1)
+        has = counts > 0
+        last = valid.long().cumsum(dim=1).argmax(dim=1)  # index of the last valid pair
+        ar = torch.arange(bsz, device=dev)
+        h_last = out[ar, last]
+        logp = torch.log_softmax(m.logits(h_last), dim=-1)
+        if state.root is None:
+            state.root, state.root_hidden, state.root_logp = tokens[ar, last], h_last, logp
+            state.root_pos = pos[ar, last] - 1
+            return
+        keep = lambda new, old_: torch.where(has.view(-1, *[1] * (new.dim() - 1)), new, old_)
+        state.root = keep(tokens[ar, last], state.root)
+        state.root_hidden = keep(h_last, state.root_hidden)
+        state.root_logp = keep(logp, state.root_logp)
+        state.root_pos = keep(pos[ar, last] - 1, state.root_pos)
+
+    @torch.no_grad()
+    def draft(self, state: Eagle3State, committed: Committed, steps: int, top_k: int) -> DraftTree:
+        self._absorb(state, committed)
+        ctx = TreeContext(state.k, state.v, state.valid)
+        return draft_pool(self.model, ctx, state.root, state.root_hidden, state.root_logp, state.root_pos,
+                          steps, top_k)

@@ -1,0 +1,169 @@
+# SPDX-License-Identifier: Apache-2.0
+"""EAGLE-3 checkpoint format: the released layout loads and saves unchanged, spelling variants load, broken
+checkpoints fail with the offending keys listed, and the d2t / t2d maps are consistent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from specmoe.drafting.eagle3_io import load_eagle3, save_eagle3
+from specmoe.drafting.eagle3_model import Eagle3Config, capture_indices
+from specmoe.drafting.vocab_map import build_vocab_map, check_vocab_map, token_counts
+from specmoe.errors import UserError
+
+V, VD, H, HEADS, KV, HD, FF = 96, 40, 32, 4, 2, 16, 48
+
+
+def released_config() -> dict:
+    """The lmsys/SpecForge gpt-oss EAGLE-3 config.json, field for field, with tiny sizes."""
+    return {"architectures": ["LlamaForCausalLMEagle3"],
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 33]},
+            "head_dim": HD, "hidden_act": "silu", "hidden_size": H, "initializer_range": 0.02,
+            "intermediate_size": FF, "eos_token_id": 90, "max_position_embeddings": 131072,
+            "model_type": "llama", "num_attention_heads": HEADS, "num_key_value_heads": KV,
+            "num_hidden_layers": 1, "pad_token_id": 89, "rms_norm_eps": 1e-05, "rope_theta": 150000,
+            "tie_word_embeddings": False, "torch_dtype": "float32",
+            "transformers_version": "4.52.3", "use_cache": True, "vocab_size": V, "draft_vocab_size": VD}
+
+
+def released_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Tensors under the released names (written independently of our module's own naming)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.1
+    counts = torch.randint(0, 50, (V,), generator=g)
+    d2t, t2d = build_vocab_map(counts, VD)
+    return {"fc.weight": r(H, 3 * H), "midlayer.hidden_norm.weight": 1 + r(H),
+            "midlayer.input_layernorm.weight": 1 + r(H), "midlayer.post_attention_layernorm.weight": 1 + r(H),
+            "midlayer.self_attn.q_proj.weight": r(HEADS * HD, 2 * H),
+            "midlayer.self_attn.k_proj.weight": r(KV * HD, 2 * H),
+            "midlayer.self_attn.v_proj.weight": r(KV * HD, 2 * H),
+            "midlayer.self_attn.o_proj.weight": r(H, HEADS * HD),
+            "midlayer.mlp.gate_proj.weight": r(FF, H), "midlayer.mlp.up_proj.weight": r(FF, H),
+            "midlayer.mlp.down_proj.weight": r(H, FF), "norm.weight": 1 + r(H), "lm_head.weight": r(VD, H),
+            "d2t": d2t, "t2d": t2d}
+
+
+def write_ckpt(path, cfg: dict, weights: dict) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.fixture
+def embed():
+    return torch.randn(V, H, generator=torch.Generator().manual_seed(7))
+
+
+def test_released_layout_round_trip(tmp_path, embed):
+    cfg, w = released_config(), released_weights()
+    write_ckpt(tmp_path / "src", cfg, w)
+    model = load_eagle3(str(tmp_path / "src"), embed=embed)
+    assert model.config.aux_layer_ids == [1, 17, 33]
+    assert torch.equal(model.embed_tokens.weight, embed)  # absent from the checkpoint: taken from the target
+    save_eagle3(model, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == cfg
+    back = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(back) == set(w)  # exactly the released names; embed_tokens not written by default
+    for k, t in w.items():
+        assert back[k].dtype == t.dtype and torch.equal(back[k], t), k
+    again = load_eagle3(str(tmp_path / "out"), embed=embed)
+    for (k, a), b in zip(model.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_qwen_style_config_and_embed_tokens(tmp_path, embed):
+    cfg = {**released_config(), "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 46, 90],
+                                                  "use_aux_hidden_state": True},
+           "rope_scaling": None, "rope_theta": 1000000.0, "attention_bias": False, "bos_token_id": 1}
+    w = {**released_weights(1), "embed_tokens.weight": torch.randn(V, H)}
+    write_ckpt(tmp_path / "src", cfg, w)
+    model = load_eagle3(str(tmp_path / "src"))  # embed_tokens from the checkpoint: no target needed
+    assert torch.equal(model.embed_tokens.weight, w["embed_tokens.weight"])
+    save_eagle3(model, tmp_path / "out", save_embed_tokens=True)
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == cfg
+    assert set(load_file(str(tmp_path / "out" / "model.safetensors"))) == set(w)
+
+
+def test_vllm_spelling_loads_and_rebuilds_t2d(tmp_path, embed):
+    w = released_weights(2)
+    vllm = {("model." + k.replace("midlayer.", "layers.0.")) if k.startswith("midlayer.") else k: t
+            for k, t in w.items() if k != "t2d"}
+    vllm["draft_id_to_target_id"] = vllm.pop("d2t")
+    write_ckpt(tmp_path / "v", released_config(), vllm)
+    model = load_eagle3(str(tmp_path / "v"), embed=embed)
+    sd = model.state_dict()
+    for k, t in w.items():
+        assert torch.equal(sd[k], t), k
+
+
+def test_partial_checkpoint_lists_missing_and_unexpected_keys(tmp_path, embed):
+    w = released_weights()
+    del w["fc.weight"], w["midlayer.mlp.up_proj.weight"]
+    w["midlayer.self_attn.qkv_proj.weight"] = torch.zeros(3, 3)
+    write_ckpt(tmp_path / "bad", released_config(), w)
+    with pytest.raises(UserError) as err:
+        load_eagle3(str(tmp_path / "bad"), embed=embed)
+    msg = str(err.value)
+    assert "missing keys" in msg and "fc.weight" in msg and "midlayer.mlp.up_proj.weight" in msg
+    assert "unexpected keys" in msg and "midlayer.self_attn.qkv_proj.weight" in msg
+
+
+def test_shape_mismatch_and_missing_embedding_are_errors(tmp_path, embed):
+    write_ckpt(tmp_path / "a", {**released_config(), "intermediate_size": FF + 8}, released_weights())
+    with pytest.raises(UserError, match="mlp.gate_proj.weight"):
+        load_eagle3(str(tmp_path / "a"), embed=embed)
+    write_ckpt(tmp_path / "b", released_config(), released_weights())
+    with pytest.raises(UserError, match="embed_tokens"):
+        load_eagle3(str(tmp_path / "b"))
+    with pytest.raises(UserError, match="does not exist"):
+        load_eagle3(str(tmp_path / "nowhere"))
+
+
+def test_inconsistent_vocab_map_is_rejected(tmp_path, embed):
+    w = released_weights()
+    w["t2d"] = w["t2d"].clone()
+    w["t2d"][w["t2d"].nonzero()[0]] = False  # drop one draft token from t2d only
+    write_ckpt(tmp_path / "c", released_config(), w)
+    with pytest.raises(UserError, match="d2t and t2d disagree"):
+        load_eagle3(str(tmp_path / "c"), embed=embed)
+
+
+def test_vocab_map_offsets_from_frequencies():
+    seqs = [[5, 5, 5, 9, 9, 2], [9, 7, 7, 7, 7], [3]]
+    counts = token_counts(seqs, 12)
+    d2t, t2d = build_vocab_map(counts, 4)
+    # most frequent: 7 (4), 9 (3), 5 (3), then 2 and 3 tie (1) -> the lower id 2; sorted ascending
+    assert torch.equal(t2d.nonzero().squeeze(1), torch.tensor([2, 5, 7, 9]))
+    assert torch.equal(t2d.nonzero().squeeze(1), d2t + torch.arange(4))  # the SpecForge consistency check
+    assert torch.equal(d2t, torch.tensor([2, 4, 5, 6]))
+    check_vocab_map(d2t, t2d)
+    # fewer distinct tokens than the draft vocabulary: filled with the lowest unseen ids
+    d2t, t2d = build_vocab_map(token_counts([[8, 8, 11]], 12), 5)
+    assert t2d.nonzero().squeeze(1).tolist() == [0, 1, 2, 8, 11]
+    with pytest.raises(ValueError):
+        check_vocab_map(d2t + 1, t2d)
+    with pytest.raises(ValueError):
+        token_counts([[12]], 12)
+
+
+def test_draft_ids_map_to_target_ids(tmp_path, embed):
+    w = released_weights(3)
+    write_ckpt(tmp_path / "m", released_config(), w)
+    model = load_eagle3(str(tmp_path / "m"), embed=embed)
+    used = w["t2d"].nonzero().squeeze(1)
+    assert torch.equal(model.to_target(torch.arange(VD)), used)
+    t2d_index = model.target_to_draft()
+    assert torch.equal(t2d_index[used], torch.arange(VD))
+    assert bool((t2d_index[~w["t2d"]] == -1).all())
+
+
+def test_capture_layers_follow_sglang():
+    assert capture_indices([1, 17, 33], 36) == [2, 18, 34]  # lmsys gpt-oss-120b draft
+    assert capture_indices([1, 46, 90], 94) == [2, 47, 91]  # lmsys Qwen3-235B draft
+    assert capture_indices(None, 36) == [2, 18, 33]  # SGLang default [2, L//2, L-3]
+    assert capture_indices([33, 1, 17], 36) == [2, 18, 34]  # concatenated in layer order
+    cfg = Eagle3Config.from_dict(released_config())
+    assert cfg.fused_size == 3 * H and cfg.head_dim == HD

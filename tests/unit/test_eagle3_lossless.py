@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+"""EAGLE-3 / GTO drafting: greedy speculative decoding equals autoregressive decoding on the three tiny
+architectures, and the draft's incremental inference computes exactly what training unrolls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fixtures.tiny import random_prompts
+from specmoe.decoding.ar import ar_generate
+from specmoe.decoding.engine import SpeculativeEngine
+from specmoe.decoding.stopping import StopRule
+from specmoe.drafting.eagle3_io import save_eagle3
+from specmoe.drafting.eagle3_model import Eagle3Config, Eagle3Model
+from specmoe.drafting.eagle3_ttt import ttt_unroll
+from specmoe.interfaces.drafter import Committed
+from specmoe.registry import drafters, predictors, selectors
+
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def saved_draft(tmp_path_factory):
+    """An untrained draft for each arch saved in EAGLE-3 format (loaded through ``path`` as ``gto``)."""
+    root = tmp_path_factory.mktemp("eagle3_drafts")
+    done = {}
+
+    def get(target, arch):
+        if arch not in done:
+            d = drafters.get("eagle3")(init={"seed": 5, "draft_vocab_size": 160})
+            d.setup(target)
+            done[arch] = str(save_eagle3(d.model, root / arch))
+        return done[arch]
+
+    return get
+
+
+@pytest.mark.parametrize("drafter_name", ["eagle3", "gto"])
+def test_greedy_equals_ar(make_target, arch, drafter_name, saved_draft):
+    target = make_target(arch)
+    if drafter_name == "eagle3":
+        drafter = drafters.get("eagle3")(init={"seed": 1, "draft_vocab_size": 200})
+    else:
+        drafter = drafters.get("gto")(path=saved_draft(target, arch))
+    drafter.setup(target)
+    pred = predictors.get("router_on_embedding")()
+    pred.setup(target)
+    prompts = random_prompts(3, [2, 11, 29], target.vocab_size, seed=4)  # tiny GPT-OSS window is 8
+    free = ar_generate(target, prompts[:1], temperature=0, stop=StopRule(MAX_NEW))
+    stop = StopRule(MAX_NEW, stop_ids=[free.tokens[0][5]])
+    refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
+    assert any(len(r) < MAX_NEW for r in refs)
+    for sel_name in ("confidence", "ecospec"):
+        engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(), pred)
+        for gamma in (2, 4, 6):
+            for p, ref in zip(prompts, refs):
+                out = engine.generate([p], budget=gamma, steps=3, top_k=2, temperature=0, stop=stop)
+                assert out.tokens[0] == ref, f"{arch} {drafter_name} {sel_name} gamma={gamma} len {len(p)}"
+        out = engine.generate(prompts, budget=4, steps=3, top_k=2, temperature=0, stop=stop)
+        assert out.tokens == refs, f"{arch} {drafter_name} {sel_name} batch"
+
+
+def _tiny_draft(seed: int = 0) -> Eagle3Model:
+    torch.manual_seed(seed)
+    c = Eagle3Config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=60, draft_vocab_size=60)
+    m = Eagle3Model(c).double().eval()
+    for p in m.parameters():
+        p.data.normal_(0, 0.3)
+    return m
+
+
+def test_ttt_unroll_matches_incremental_inference():
+    """TTT step j at index i == the depth-j node on the data path, drafted with a KV cache."""
+    m = _tiny_draft()
+    bsz, length, steps = 2, 9, 4
+    ids = torch.randint(0, 60, (bsz, length))
+    feats = torch.randn(bsz, length, 96, dtype=torch.double)
+    valid = torch.ones(bsz, length, dtype=torch.bool)
+    valid[1, 6:] = False
+    out = ttt_unroll(m, ids, feats, valid, steps)
+    with torch.no_grad():
+        for b in range(bsz):
+            for i in range(length - 2):
+                if not valid[b, i + 1]:
+                    continue
+                n = i + 1
+                allowed = torch.ones(n, n, dtype=torch.bool).tril()[None]
+                h, k, v = m.step(ids[b:b + 1, 1:n + 1], m.project(feats[b:b + 1, :n]), torch.arange(n)[None],
+                                 None, None, allowed)
+                h = h[:, -1:]
+                torch.testing.assert_close(m.logits(h)[0, 0], out.logits[0][b, i])
+                for j in range(1, steps):
+                    t = i + 1 + j
+                    if t >= length or not valid[b, t]:
+                        break
+                    s = k.shape[2]
+                    h, nk, nv = m.step(ids[b:b + 1, t:t + 1], h, torch.tensor([[i + j]]), k, v,
+                                       torch.ones(1, 1, s + 1, dtype=torch.bool))
+                    k, v = torch.cat([k, nk], 2), torch.cat([v, nv], 2)
+                    torch.testing.assert_close(m.logits(h)[0, 0], out.logits[j][b, i])
+
+
+def test_draft_cache_absorbs_rounds_like_one_pass(make_target):
+    """Committing tokens over several rounds leaves the same root distribution as one prompt pass."""
+    target = make_target("qwen3_moe")
+    drafter = drafters.get("eagle3")(init={"seed": 2, "draft_vocab_size": 100}, dtype="float32")
+    drafter.setup(target)
+    seq = random_prompts(1, [14], target.vocab_size, seed=9)[0]
+    kv = target.new_kv(1)
+    ids = torch.tensor([seq])
+    out = target.forward(ids, kv, torch.arange(len(seq))[None], hidden_layers=drafter.feature_layers)
+    feats = torch.zeros(1, len(seq), out.hidden.shape[-1])
+    feats[:, 1:] = out.hidden[:, :-1]
+
+    def committed(lo, hi, first):
+        pos = torch.arange(lo, hi)[None]
+        return Committed(ids[:, lo:hi], torch.ones(1, hi - lo, dtype=torch.bool), pos, feats[:, lo:hi], first)
+
+    one = drafter.begin(1)
+    tree_one = drafter.draft(one, committed(0, len(seq), True), 3, 2)
+    rounds = drafter.begin(1)
+    for lo, hi in ((0, 5), (5, 6), (6, 11), (11, len(seq))):
+        tree_rounds = drafter.draft(rounds, committed(lo, hi, lo == 0), 3, 2)
+    torch.testing.assert_close(rounds.root_logp, one.root_logp, rtol=1e-5, atol=1e-5)
+    assert torch.equal(tree_rounds.tokens, tree_one.tokens)
+    assert torch.equal(tree_rounds.parents, tree_one.parents)
+    assert rounds.k.shape[2] == len(seq)  # only committed context is cached; tree slots were dropped
