@@ -12,7 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_RECIPES = ["gptoss_gsm8k.yaml", "gptoss_all.yaml", "qwen3_235b_all.yaml", "qwen3_235b_gsm8k.yaml",
-               "deepseek_v31_all.yaml", "deepseek_v31_gsm8k.yaml", "gpu/gptoss120b_predictor.yaml"]
+               "deepseek_v31_all.yaml", "deepseek_v31_gsm8k.yaml",
+               *sorted(f"gpu/{p.name}" for p in (REPO / "recipes" / "gpu").glob("*.yaml"))]
 
 
 @pytest.mark.parametrize("name", GPU_RECIPES)

@@ -238,5 +238,6 @@ def test_metric_and_tag_names():
         "rho",
         "tokens_per_s",
         "predictor_accuracy",
+        "matches_ar",
     )
     assert set(cell_tags("m", "d", 0.5, 3, 8, parent="p")) == set(CELL_TAGS)

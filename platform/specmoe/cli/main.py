@@ -38,11 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _not_printed_by_lightning(record: logging.LogRecord) -> bool:
+    """Lightning prints its messages with its own handler on the ``lightning`` logger: print them once."""
+    return not (record.name.startswith("lightning") and logging.getLogger("lightning").handlers)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_not_printed_by_lightning)
     if not args.command:
         parser.print_help()
         return 2

@@ -10,6 +10,7 @@ work that the stage resumes on the next run, and a finished stage is never run a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -62,6 +63,21 @@ def _refs(node: Any) -> set[str]:
     return found
 
 
+#: options that change how a stage reports progress, not what it computes: left out of the cache key.
+DISPLAY_ONLY_OPTIONS = frozenset({"enable_progress_bar"})
+
+
+def _key_view(node: Any) -> Any:
+    """``node`` with dataclasses as dicts and :data:`DISPLAY_ONLY_OPTIONS` dropped, for hashing."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        node = dataclasses.asdict(node)
+    if isinstance(node, dict):
+        return {k: _key_view(v) for k, v in node.items() if k not in DISPLAY_ONLY_OPTIONS}
+    if isinstance(node, (list, tuple)):
+        return [_key_view(v) for v in node]
+    return node
+
+
 class StageRunner:
     """Resolves, hashes and runs stages.
 
@@ -103,7 +119,7 @@ class StageRunner:
 
     def _key(self, spec: StageSpec) -> str:
         cls = spec.component.plugin_class()
-        opts = substitute_refs(spec.component.options, lambda ref: f"stage-key:{self.keys[ref]}")
+        opts = _key_view(substitute_refs(spec.component.options, lambda ref: f"stage-key:{self.keys[ref]}"))
         blob = json.dumps({"name": spec.component.name, "version": getattr(cls, "version", "1"), "options": opts},
                           sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

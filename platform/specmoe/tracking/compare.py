@@ -32,9 +32,10 @@ TABLE3_METRICS = ("E", "t_pred", "t_draft", "t_verify", "t_total", "alpha", "spe
 _LABELS = {"speedup": "Spd", "alpha": "α", "E": "E", "E_pred": "E_pred",
            "expert_bytes_per_step": "bytes/step",
            "t_pred": "T_pred", "t_draft": "T_draft", "t_select": "T_select", "t_verify": "T_verify",
-           "t_total": "T_total", "rho": "ρ", "tokens_per_s": "tok/s", "predictor_accuracy": "pred acc"}
+           "t_total": "T_total", "rho": "ρ", "tokens_per_s": "tok/s", "predictor_accuracy": "pred acc",
+           "matches_ar": "= AR"}
 #: metrics that do not apply to the AR baseline (shown as "-").
-_NOT_AR = {"alpha", "E_pred", "t_pred", "t_draft", "t_select", "t_verify", "rho", "predictor_accuracy"}
+_NOT_AR = {"alpha", "E_pred", "t_pred", "t_draft", "t_select", "t_verify", "rho", "predictor_accuracy", "matches_ar"}
 _AR_NAMES = {"ar", "autoregressive", "baseline_ar"}
 FORMATS = ("text", "markdown", "csv")
 

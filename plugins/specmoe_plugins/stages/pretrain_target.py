@@ -50,7 +50,7 @@ def _default_trainer() -> TrainerOptions:
     # (avx512_bf16), weights and export stay fp32. max_steps is the schedule length; the 10-minute cap
     # (max_train_minutes) usually stops training first on 2 cores, and the time-aware schedule still ends low.
     return TrainerOptions(max_epochs=-1, max_steps=800, val_check_interval=100, check_val_every_n_epoch=None,
-                          log_every_n_steps=10, gradient_clip_val=1.0, enable_progress_bar=False,
+                          log_every_n_steps=10, gradient_clip_val=1.0, enable_progress_bar=True,
                           precision="bf16-mixed")
 
 
