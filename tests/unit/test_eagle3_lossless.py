@@ -50,7 +50,7 @@ def test_greedy_equals_ar(make_target, arch, drafter_name, saved_draft):
     stop = StopRule(MAX_NEW, stop_ids=[free.tokens[0][5]])
     refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
     assert any(len(r) < MAX_NEW for r in refs)
-    for sel_name in ("confidence", "ecospec"):
+    for sel_name in ("confidence", "ecospec", "global_cost"):
         engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(), pred)
         for gamma in (2, 4, 6):
             for p, ref in zip(prompts, refs):

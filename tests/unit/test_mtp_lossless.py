@@ -55,7 +55,7 @@ def test_greedy_equals_ar(make_target, head_dirs, arch):
     target, drafter, pred, prompts, stop = _setup(make_target, head_dirs, arch)
     refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
     assert any(len(r) < MAX_NEW for r in refs) and any(len(r) == MAX_NEW for r in refs)
-    for sel_name in ("confidence", "ecospec"):
+    for sel_name in ("confidence", "ecospec", "global_cost"):
         engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(), pred)
         for gamma in (2, 4, 6):
             for p, ref in zip(prompts, refs):

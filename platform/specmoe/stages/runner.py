@@ -78,6 +78,15 @@ def _key_view(node: Any) -> Any:
     return node
 
 
+def _torch_threads(n: int | None = None) -> int:
+    """torch's intra-op thread count; sets it to ``n`` first if given."""
+    import torch
+
+    if n is not None:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
 class StageRunner:
     """Resolves, hashes and runs stages.
 
@@ -166,7 +175,11 @@ class StageRunner:
                         out)
             stage = cls(cls.Config(**self.resolve(spec.component.options)))
             t0 = time.perf_counter()
-            summary = dict(stage.run(out, ctx) or {})
+            threads = _torch_threads()
+            try:
+                summary = dict(stage.run(out, ctx) or {})
+            finally:  # a training stage may have lowered torch's thread count: later work gets it back
+                _torch_threads(threads)
             summary.setdefault("seconds", round(time.perf_counter() - t0, 2))
             if rank != 0:  # distributed stage: rank 0 writes the result
                 summaries[sid] = {**summary, "cached": False, "dir": str(out)}

@@ -45,6 +45,29 @@ class TrainerOptions:
     """any other ``lightning.Trainer`` keyword argument."""
 
 
+def _cores_busy_elsewhere(window: float = 0.3) -> float:
+    """Cores kept busy by *other* processes, measured over ``window`` seconds (``/proc``; elsewhere the
+    1-minute load average, which also counts this process)."""
+    import time
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            cpu = [int(v) for v in f.readline().split()[1:]]
+        with open("/proc/self/stat") as f:
+            own = f.read().rsplit(")", 1)[1].split()
+        return sum(cpu) - cpu[3] - (cpu[4] if len(cpu) > 4 else 0), int(own[11]) + int(own[12])
+
+    try:
+        busy0, own0 = sample()
+        t0 = time.monotonic()
+        time.sleep(window)
+        busy1, own1 = sample()
+        ticks = os.sysconf("SC_CLK_TCK") * (time.monotonic() - t0)
+        return max(0.0, ((busy1 - busy0) - (own1 - own0)) / ticks)
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
 def build_trainer(opts: TrainerOptions, out_dir: str | Path, *, callbacks: list[Any] | None = None,
                   logger: Any = None, **overrides: Any):
     """A ``lightning.Trainer`` writing checkpoints and logs under ``out_dir`` (never ``lightning_logs/``)."""
@@ -57,8 +80,9 @@ def build_trainer(opts: TrainerOptions, out_dir: str | Path, *, callbacks: list[
     if threads is None:
         procs = opts.devices if isinstance(opts.devices, int) and opts.devices > 0 else 1
         threads = max(1, (os.cpu_count() or 1) // procs)
-        if hasattr(os, "getloadavg") and os.getloadavg()[0] >= (os.cpu_count() or 1):
-            threads = 1  # oversubscribed OpenMP threads spin-wait: ~10x slower steps measured on 2 cores
+        if threads > 1:  # oversubscribed OpenMP threads spin-wait: ~10x slower steps measured on 2 cores
+            free = int((os.cpu_count() or 1) - _cores_busy_elsewhere() + 0.5)
+            threads = max(1, min(threads, free))
     torch.set_num_threads(threads)
     kwargs: dict[str, Any] = dict(
         accelerator=opts.accelerator, devices=opts.devices, num_nodes=opts.num_nodes, strategy=opts.strategy,
