@@ -9,6 +9,7 @@ A plugin declares where its files live (class attributes) and how one record bec
 from __future__ import annotations
 
 import random
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,9 +141,9 @@ class BenchmarkDataset(Dataset):
         keep = select_indices(self.candidates(records), cfg.limit, cfg.seed, cfg.shuffle)
         return [self.to_sample(i, records[i]) for i in keep]
 
+    @abstractmethod
     def to_sample(self, index: int, rec: dict[str, Any]) -> Sample:
-        """Turn record ``index`` of the file into a :class:`Sample`."""
-        raise NotImplementedError
+        """Turn record ``index`` of the file into a :class:`Sample` (each benchmark's own format)."""
 
     # ------------------------------------------------------------------ helpers
     def field(self, rec: dict[str, Any], index: int, *names: str) -> Any:

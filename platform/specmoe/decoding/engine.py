@@ -9,7 +9,7 @@ tree nodes are verified. With a batch, every row is verified in the same target 
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from specmoe.decoding.tree import DraftTree
-from specmoe.decoding.tree_builder import build_pool
+from specmoe.decoding.tree_builder import build_pool, pool_size
 from specmoe.drafting.eagle3_model import Eagle3Model
 
 __all__ = ["TreeContext", "draft_pool"]
@@ -48,7 +48,7 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
     """
     bsz = root_tokens.shape[0]
     dev = root_tokens.device
-    n_pool = 1 + top_k + max(steps - 1, 0) * top_k * top_k
+    n_pool = pool_size(steps, top_k)
     node_hidden = root_hidden.new_zeros(bsz, n_pool, root_hidden.shape[-1])
     node_hidden[:, 0] = root_hidden
     ar_b = torch.arange(bsz, device=dev)[:, None]

@@ -19,7 +19,7 @@ import torch
 from specmoe.drafting.eagle3_model import Eagle3Model
 from specmoe.drafting.eagle3_ttt import ttt_loss, ttt_unroll
 
-__all__ = ["Eagle3Module", "fit_module", "mlflow_logger", "teacher_forward", "warmup_cosine"]
+__all__ = ["Eagle3Module", "fit_module", "teacher_forward", "warmup_cosine"]
 
 
 @torch.no_grad()
@@ -144,31 +144,6 @@ class Eagle3Module(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def mlflow_logger(ctx: Any, run_name: str) -> Any:
-    """An MLFlowLogger nested under the recipe's run when ``ctx.tracking_uri`` is set, else ``None``."""
-    uri = getattr(ctx, "tracking_uri", None)
-    if not uri:
-        return None
-    from lightning.pytorch.loggers import MLFlowLogger
-
-    parent = getattr(ctx, "parent_run_id", None)
-    exp_name = None
-    if parent:
-        try:
-            from mlflow import MlflowClient
-
-            client = MlflowClient(tracking_uri=uri)
-            exp_name = client.get_experiment(client.get_run(parent).info.experiment_id).name
-        except Exception:  # noqa: BLE001 - any failure: fall back to the recipe name
-            exp_name = None
-    if exp_name is None:
-        rc = getattr(ctx, "run_config", None)
-        tracking = getattr(rc, "tracking", None)
-        exp_name = getattr(tracking, "experiment", None) or getattr(rc, "name", None) or "specmoe"
-    tags = {"mlflow.parentRunId": parent} if parent else None
-    return MLFlowLogger(experiment_name=exp_name, run_name=run_name, tracking_uri=uri, tags=tags)
-
-
 def fit_module(module: L.LightningModule, loader: Any, opts: Any, out_dir: Any, ctx: Any, run_name: str,
                save_every: int = 500) -> L.Trainer:
     """Fit with checkpoints in ``out_dir/checkpoints`` (``last.ckpt`` resumes a killed run), CSV metrics in
@@ -183,7 +158,7 @@ def fit_module(module: L.LightningModule, loader: Any, opts: Any, out_dir: Any, 
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
-    from specmoe.training.trainer import build_trainer
+    from specmoe.training.trainer import build_trainer, mlflow_logger
 
     out = Path(out_dir)
     ckpt_dir = out / "checkpoints"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["TrainerOptions", "build_trainer"]
+__all__ = ["TrainerOptions", "build_trainer", "mlflow_logger"]
 
 
 @dataclass
@@ -95,3 +95,39 @@ def build_trainer(opts: TrainerOptions, out_dir: str | Path, *, callbacks: list[
     kwargs.update(opts.extra)
     kwargs.update(overrides)
     return L.Trainer(**kwargs)
+
+
+def mlflow_logger(ctx: Any, run_name: str, params: Optional[dict[str, Any]] = None,
+                  tags: Optional[dict[str, str]] = None) -> Any:
+    """A Lightning ``MLFlowLogger`` for a training stage, or ``None`` when the run has no tracking.
+
+    Nested under ``ctx.parent_run_id`` (in the parent's experiment) when given, else in the recipe's
+    experiment. With a ``sqlite:///`` store the artifact location is ``mlartifacts/`` beside the database
+    (MLflow 3 refuses the default ``./mlruns`` store there).
+    """
+    uri = getattr(ctx, "tracking_uri", None)
+    if not uri:
+        return None
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    uri = str(uri)
+    parent = getattr(ctx, "parent_run_id", None)
+    all_tags = dict(tags or {})
+    if parent:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment(client.get_run(parent).info.experiment_id).name
+        all_tags["mlflow.parentRunId"] = parent
+    else:
+        rc = getattr(ctx, "run_config", None)
+        experiment = getattr(getattr(rc, "tracking", None), "experiment", None) or getattr(rc, "name", None) \
+            or "specmoe"
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    logger = MLFlowLogger(experiment_name=experiment, run_name=run_name, tracking_uri=uri, tags=all_tags or None,
+                          artifact_location=location)
+    if params:
+        logger.log_hyperparams(params)
+    return logger

@@ -44,22 +44,18 @@ def load_prompts(dataset: dict[str, Any], tokenizer: Any, data_dir: Optional[Pat
         max_prompt_tokens: prompts longer than this are skipped (counted in ``skipped``).
     """
     from specmoe.data import render_prompt
-    from specmoe.registry import datasets
     from specmoe.training.response_data import PromptItem
+
+    from specmoe_plugins.stages.collect_traces import build_datasets_samples
 
     if tokenizer is None:
         raise UserError("generate_responses: the target has no tokenizer, so dataset prompts cannot be "
                         "rendered; give the target a 'tokenizer'")
-    opts = dict(dataset)
-    if "name" not in opts:
-        raise UserError("generate_responses.dataset needs 'name' (a dataset registry key, e.g. gsm8k)")
-    cls = datasets.get(opts.pop("name"))
-    fields_ = getattr(cls.Config, "__dataclass_fields__", {})
-    if data_dir is not None and "data_dir" in fields_ and not opts.get("data_dir") and not opts.get("path"):
-        opts["data_dir"] = str(data_dir)
-    ds = cls(cls.Config(**opts))
+    spec = dict(dataset)
+    if data_dir is not None and not spec.get("data_dir") and not spec.get("path"):
+        spec["data_dir"] = str(data_dir)
     items, skipped = [], 0
-    for sample in ds.load():
+    for sample in build_datasets_samples([spec], "generate_responses.dataset"):
         ids = render_prompt(tokenizer, sample, system)
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             skipped += 1

@@ -177,13 +177,14 @@ class PretrainTarget(Stage):
         return Path(data_dir)
 
     def _tokenizer(self, out: Path, data_dir: Path, sources: list[TextSource]):
+        from specmoe.stages.runner import rank_world
         from specmoe.training.text_data import read_documents
         from specmoe.training.tokenizer import load_tokenizer, train_bpe_tokenizer
 
         if (out / "tokenizer.json").is_file():
             return load_tokenizer(out)
         tokenizer = train_bpe_tokenizer(read_documents(data_dir, sources), self.config.vocab_size)
-        if _launch_rank() != 0:  # deterministic training: every process has the same tokenizer
+        if rank_world()[0] != 0:  # deterministic training: every process has the same tokenizer
             return tokenizer
         tokenizer.save_pretrained(out)
         return load_tokenizer(out)
@@ -205,13 +206,13 @@ class PretrainTarget(Stage):
         from lightning.pytorch.callbacks import ModelCheckpoint
         from lightning.pytorch.loggers import CSVLogger
 
-        from specmoe.training.trainer import build_trainer
+        from specmoe.training.trainer import build_trainer, mlflow_logger
 
         attempt = time.strftime("%Y%m%d-%H%M%S")  # one CSV per (re)start: a resume keeps earlier curves
         loggers: list[Any] = [CSVLogger(save_dir=str(out), name="logs", version=attempt)]
         self._mlflow = None
         if ctx.tracking_uri:
-            self._mlflow = _mlflow_logger(ctx)
+            self._mlflow = mlflow_logger(ctx, "pretrain_target")
             loggers.append(self._mlflow)
         ckpt = ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, save_top_k=0,
                                every_n_train_steps=max(1, self.config.checkpoint_every_n_steps))
@@ -296,14 +297,6 @@ class PretrainTarget(Stage):
         mlf.experiment.set_terminated(mlf.run_id, "FINISHED")
 
 
-def _launch_rank() -> int:
-    """Global rank from the launcher's environment (torchrun, SLURM) before Lightning sets up DDP."""
-    for key in ("RANK", "SLURM_PROCID"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 0
-
-
 def _round(x: float, digits: int = 4) -> float:
     return float(round(x, digits)) if math.isfinite(x) else float("nan")
 
@@ -338,22 +331,3 @@ def _dhms_to_seconds(value: Optional[str]) -> Optional[float]:
     for p, unit in zip(reversed(parts), (1, 60, 3600, 86400)):
         secs += p * unit
     return float(secs)
-
-
-def _mlflow_logger(ctx: StageContext):
-    """A Lightning ``MLFlowLogger`` nested under ``ctx.parent_run_id`` (same experiment) when given."""
-    from lightning.pytorch.loggers import MLFlowLogger
-
-    uri = str(ctx.tracking_uri)
-    name, tags, location = "specmoe", {}, None
-    if ctx.parent_run_id:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(uri)
-        parent = client.get_run(ctx.parent_run_id)
-        name = client.get_experiment(parent.info.experiment_id).name
-        tags["mlflow.parentRunId"] = ctx.parent_run_id
-    elif uri.startswith("sqlite:///"):
-        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-    return MLFlowLogger(experiment_name=name, run_name="pretrain_target", tracking_uri=uri, tags=tags,
-                        artifact_location=location)

@@ -78,7 +78,7 @@ class TrainMTP(Stage):
         from specmoe.drafting.mtp_model import MTPSpec, build_head
         from specmoe.training.mtp_module import MTPTrainModule
         from specmoe.training.response_data import ResponseDataset, collate_responses, read_responses
-        from specmoe.training.trainer import TrainerOptions, build_trainer
+        from specmoe.training.trainer import TrainerOptions, build_trainer, mlflow_logger
         from specmoe_plugins.stages.generate_responses import build_target
 
         cfg = self.config
@@ -124,7 +124,8 @@ class TrainMTP(Stage):
         ckpt = ModelCheckpoint(dirpath=str(ckpt_dir), save_top_k=0, save_last=True,
                                enable_version_counter=False,
                                every_n_train_steps=max(1, cfg.checkpoint_every_n_steps))
-        trainer = build_trainer(opts, out / "lightning", callbacks=[ckpt], logger=self._logger(ctx, out))
+        mlf = mlflow_logger(ctx, "train_mtp", tags={"specmoe.stage": "train_mtp"})
+        trainer = build_trainer(opts, out / "lightning", callbacks=[ckpt], logger=mlf)
         resume = ckpt_dir / "last.ckpt"
         t0 = time.perf_counter()
         trainer.fit(module, loader(train_set, True), loader(val_set, False) if len(val_set) else None,
@@ -139,27 +140,6 @@ class TrainMTP(Stage):
         if trainer.is_global_zero:
             export_head(module.head, model, out, extra={"steps": summary["steps"], "depths": cfg.depths})
         return summary
-
-    @staticmethod
-    def _logger(ctx: StageContext, out_dir: Path) -> Any:
-        """An MLflow logger nested under the recipe run when tracking is on, else ``None``."""
-        if not ctx.tracking_uri:
-            return None
-        from lightning.pytorch.loggers import MLFlowLogger
-
-        experiment = "specmoe"
-        tags = {"specmoe.stage": "train_mtp"}
-        if ctx.parent_run_id:
-            import mlflow
-
-            client = mlflow.MlflowClient(tracking_uri=ctx.tracking_uri)
-            parent = client.get_run(ctx.parent_run_id)
-            experiment = client.get_experiment(parent.info.experiment_id).name
-            tags["mlflow.parentRunId"] = ctx.parent_run_id
-        elif ctx.run_config is not None and getattr(ctx.run_config, "name", None):
-            experiment = ctx.run_config.name
-        return MLFlowLogger(experiment_name=experiment, run_name="train_mtp", tracking_uri=ctx.tracking_uri,
-                            tags=tags, artifact_location=str(Path(ctx.run_dir or out_dir) / "mlartifacts"))
 
 
 def _mean(xs: list[float]) -> Optional[float]:

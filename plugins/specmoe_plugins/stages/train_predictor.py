@@ -24,7 +24,7 @@ from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
 from specmoe.training.trainer import TrainerOptions
 
-__all__ = ["TrainPredictor", "resolve_target_embedding", "mlflow_logger"]
+__all__ = ["TrainPredictor", "resolve_target_embedding"]
 
 
 def resolve_target_embedding(target: Optional[dict[str, Any]], traces_meta: Any):
@@ -45,29 +45,6 @@ def resolve_target_embedding(target: Optional[dict[str, Any]], traces_meta: Any)
         raise UserError(f"train_predictor.target.path '{path}' was not resolved: run the recipe with "
                         f"'platform run'")
     return load_target_embedding(str(path), (target or {}).get("revision"))
-
-
-def mlflow_logger(ctx: StageContext, run_name: str, params: dict[str, Any]):
-    """A Lightning ``MLFlowLogger`` nested under ``ctx.parent_run_id`` (None without tracking)."""
-    if not ctx.tracking_uri:
-        return None
-    from lightning.pytorch.loggers import MLFlowLogger
-
-    uri = str(ctx.tracking_uri)
-    experiment, tags, location = "specmoe", {}, None
-    if ctx.parent_run_id:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(uri)
-        parent = client.get_run(ctx.parent_run_id)
-        experiment = client.get_experiment(parent.info.experiment_id).name
-        tags["mlflow.parentRunId"] = ctx.parent_run_id
-    elif uri.startswith("sqlite:///"):  # MLflow 3 refuses the default ./mlruns artifact store with sqlite
-        location = (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-    logger = MLFlowLogger(experiment_name=experiment, run_name=run_name, tracking_uri=uri, tags=tags,
-                          artifact_location=location)
-    logger.log_hyperparams(params)
-    return logger
 
 
 def _milestones_callback(levels: list[float], out: Path):
@@ -161,7 +138,7 @@ class TrainPredictor(Stage):
 
         from specmoe.training.predictor_data import RoutingTraceDataModule
         from specmoe.training.predictor_module import PredictorModule, export_from_checkpoint
-        from specmoe.training.trainer import build_trainer
+        from specmoe.training.trainer import build_trainer, mlflow_logger
 
         cfg = self.config
         if not cfg.traces:
