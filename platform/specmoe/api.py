@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -133,7 +133,8 @@ def _evaluate(cfg: RunConfig, stages: Any, samples: dict, run_dir: Path, tracker
     (out / "results.json").write_text(json.dumps(slim, indent=2, default=str))
     for c in cells:
         spec = c["spec"]
-        name = f"samples_{spec['method']}_{spec['dataset']}_T{spec['temperature']}_g{spec['budget']}_bs{spec['batch_size']}"
+        name = (f"samples_{spec['method']}_{spec['dataset']}_T{spec['temperature']}_g{spec['budget']}"
+                f"_bs{spec['batch_size']}")
         with open(out / f"{name}.jsonl", "w") as fh:
             for o in c["outputs"]:
                 fh.write(json.dumps({"id": o["id"], "turns": o["turns"]}) + "\n")

@@ -24,14 +24,15 @@ DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 def tokenizer_dir(tmp_path_factory):
     from specmoe.training.tokenizer import train_bpe_tokenizer
 
-    lines = [json.loads(l) for l in (DATA / "gsm8k" / "train.jsonl").read_text().splitlines()[:300]]
+    lines = [json.loads(line) for line in (DATA / "gsm8k" / "train.jsonl").read_text().splitlines()[:300]]
     tok = train_bpe_tokenizer((r["question"] + "\n" + r["answer"] for r in lines), vocab_size=320)
     out = tmp_path_factory.mktemp("tok")
     tok.save_pretrained(out)
     return out
 
 
-def recipe_text(tok: Path, work: Path, extra_methods: str = "", datasets: str = "[{name: gsm8k, limit: 2, num_shots: 1}]") -> str:
+def recipe_text(tok: Path, work: Path, extra_methods: str = "",
+                datasets: str = "[{name: gsm8k, limit: 2, num_shots: 1}]") -> str:
     return textwrap.dedent(f"""
         name: pipe
         cache_dir: {work}/cache

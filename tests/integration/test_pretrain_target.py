@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from specmoe.interfaces.stage import StageContext
 from specmoe.training.pretrain import RouterCollapseError, balance_stats, check_router_collapse
 from specmoe.training.text_data import TextSource
@@ -53,8 +54,9 @@ def _stage(max_steps: int):
 
 @pytest.mark.integration
 def test_stage_exports_loadable_checkpoint_and_resumes(tmp_path, monkeypatch):
-    from specmoe_plugins.targets.hf import HFTarget
     from transformers import AutoTokenizer
+
+    from specmoe_plugins.targets.hf import HFTarget
 
     torch.set_num_threads(1)
     data = _gsm8k_lines(tmp_path)
@@ -123,6 +125,7 @@ def test_collapse_check_on_synthetic_counts():
 def test_collapse_check_fires_on_a_collapsed_router(tmp_path):
     """A model whose routers send every token to experts 0 and 1 fails validation loudly."""
     import lightning as L
+
     from specmoe.models.tiny import tiny_config
     from specmoe.training.pretrain import PretrainLM
 
@@ -179,6 +182,7 @@ def test_expert_latency_routes_through_the_real_experts(make_target, mode):
 def test_training_experts_match_eager(arch):
     """The sorted-loop training kernel computes HF's ``eager`` experts: same logits, same gradients."""
     import transformers
+
     from specmoe.models.tiny import tiny_config
     from specmoe.training.pretrain import TRAIN_EXPERTS, _register_train_experts
 
@@ -239,6 +243,7 @@ def test_default_target_is_the_chosen_gpt_oss_size():
 def test_time_budget_anneals_the_schedule(tmp_path):
     """Stopped by ``max_time`` long before ``max_steps``, the cosine still ends near ``lr * min_lr_ratio``."""
     import lightning as L
+
     from specmoe.models.tiny import tiny_config
     from specmoe.training.pretrain import PretrainLM
 

@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 from fixtures.tiny import random_prompts
+
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.stopping import StopRule

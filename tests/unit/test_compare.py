@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from specmoe.cli.ui import ui_command
 from specmoe.config.schema import TrackingConfig
 from specmoe.errors import UserError

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from specmoe.data import plain_chat_text, render_prompt, render_turn, select_indices
 from specmoe.errors import UserError
 from specmoe.interfaces.dataset import Sample

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+
 from specmoe.drafting.eagle3_io import load_eagle3, save_eagle3
 from specmoe.drafting.eagle3_model import Eagle3Config, capture_indices
 from specmoe.drafting.vocab_map import build_vocab_map, check_vocab_map, token_counts

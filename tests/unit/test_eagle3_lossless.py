@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fixtures.tiny import random_prompts
+
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.stopping import StopRule

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from specmoe.decoding.tree import DraftTree
 from specmoe.drafting.gto import (
     choose_groups,

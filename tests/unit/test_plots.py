@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from specmoe.decoding.records import StepRecord
 from specmoe.tracking.plots import (
     fig_cumulative_experts,

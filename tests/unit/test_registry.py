@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from specmoe.interfaces.selector import Selector
-from specmoe.registry import (KINDS, DuplicatePluginError, Registry, RegistryError, UnknownPluginError, selectors)
+from specmoe.registry import KINDS, DuplicatePluginError, Registry, RegistryError, UnknownPluginError, selectors
 
 
 class _Mine(Selector):
@@ -85,8 +85,8 @@ def test_importing_specmoe_and_listing_is_light():
         import specmoe, specmoe.registry
         from specmoe.cli.main import main
         main(["ls"])
-        heavy = [m for m in ("torch", "transformers", "mlflow", "triton", "lightning", "specmoe_plugins.selectors.ecospec")
-                 if m in sys.modules]
+        heavy = [m for m in ("torch", "transformers", "mlflow", "triton", "lightning",
+                           "specmoe_plugins.selectors.ecospec") if m in sys.modules]
         print("HEAVY", heavy)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

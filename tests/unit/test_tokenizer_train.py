@@ -7,9 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
+
 from specmoe.errors import UserError
-from specmoe.training.text_data import (GSM8K_TRAIN, SeededSampler, TextDataModule, TextSource,
-                                        group_documents, pack_documents, read_documents)
+from specmoe.training.text_data import (
+    GSM8K_TRAIN,
+    SeededSampler,
+    TextDataModule,
+    TextSource,
+    group_documents,
+    pack_documents,
+    read_documents,
+)
 from specmoe.training.tokenizer import BOS, EOS, PAD, load_tokenizer, render_exchange, train_bpe_tokenizer
 
 NAMES = ["Natalia", "Weng", "Betty", "Julie", "James", "Albert", "Ken", "Alexis", "Tina", "Randy"]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from specmoe.config.schema import TrackingConfig
 from specmoe.tracking import (
     CELL_METRICS,

@@ -15,6 +15,7 @@ its timings mean little).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import statistics
 import time
@@ -226,8 +227,8 @@ def sweep(models: list[str], gammas: list[int], batch: int, unions: list[str], i
                 ref = fns["hf_grouped_mm"](module, x, idx, w).float() if "hf_grouped_mm" in fns else None
                 for name, fn in fns.items():
                     try:
-                        row[name] = _time(lambda: fn(module, x, idx, w), on_gpu, warmup, iters, flush,
-                                          graph=name == "triton_graph")
+                        call = functools.partial(fn, module, x, idx, w)
+                        row[name] = _time(call, on_gpu, warmup, iters, flush, graph=name == "triton_graph")
                     except Exception as exc:  # noqa: BLE001 - one failing implementation keeps the table
                         row[name] = None
                         notes.append(f"{model_name} T={t} {name}: {type(exc).__name__}: {exc}")

@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="platform", description="specmoe: cost-aware speculative decoding for MoE LLMs")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, mod in SUBCOMMANDS.items():
+    for mod in SUBCOMMANDS.values():
         try:
             module = importlib.import_module(mod)
         except ModuleNotFoundError as exc:

@@ -7,8 +7,7 @@ Nothing heavy is imported here: tokenizers are passed in by the caller.
 from __future__ import annotations
 
 from specmoe.data.base import BenchmarkDataset, select_indices
-from specmoe.data.render import (has_chat_template, messages_for_turn, plain_chat_text, render_prompt,
-                                 render_turn)
+from specmoe.data.render import has_chat_template, messages_for_turn, plain_chat_text, render_prompt, render_turn
 from specmoe.data.sources import DATA_DIR_ENV, DataRequest, hub_offline, locate, read_records
 
 __all__ = ["DATA_DIR_ENV", "BenchmarkDataset", "DataRequest", "has_chat_template", "hub_offline", "locate",

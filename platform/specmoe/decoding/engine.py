@@ -46,9 +46,9 @@ def experts_per_layer(routing: torch.Tensor, valid: torch.Tensor, num_experts: i
     r = routing[valid]  # [T, L, K]
     if r.numel() == 0:
         return [0] * routing.shape[2]
-    l = r.shape[1]
-    hits = torch.zeros(l, num_experts + 1, dtype=torch.bool, device=r.device)
-    hits.scatter_(1, r.permute(1, 0, 2).reshape(l, -1).clamp(max=num_experts), True)
+    n_layers = r.shape[1]
+    hits = torch.zeros(n_layers, num_experts + 1, dtype=torch.bool, device=r.device)
+    hits.scatter_(1, r.permute(1, 0, 2).reshape(n_layers, -1).clamp(max=num_experts), True)
     return hits[:, :num_experts].sum(dim=1).tolist()
 
 
@@ -58,8 +58,8 @@ def routing_stats(routing: torch.Tensor, valid: torch.Tensor, num_experts: int) 
     Args:
         routing: ``[B, M, L, K]`` chosen experts; valid: ``[B, M]``.
     """
-    b, m, l, _ = routing.shape
-    hits = torch.zeros(b, m, l, num_experts + 1, dtype=torch.bool, device=routing.device)
+    b, m, n_layers, _ = routing.shape
+    hits = torch.zeros(b, m, n_layers, num_experts + 1, dtype=torch.bool, device=routing.device)
     hits.scatter_(-1, routing.clamp(max=num_experts), True)
     hits = hits[..., :num_experts] & valid[:, :, None, None]
     cum = hits.cummax(dim=1).values.any(dim=0)  # [M, L, E]

@@ -18,8 +18,8 @@ from specmoe.decoding.tree import DraftTree
 __all__ = ["build_pool", "ExpandFn", "pool_size"]
 
 #: ``expand(tokens [B, k], pool_index [B, k], ancestors [B, k, P]) -> logp [B, k, V]``: run the drafter on
-#: the frontier nodes (target-vocabulary ids; ``V`` is the draft vocabulary); ``ancestors[b, i, j]`` says pool node j is a strict ancestor of
-#: frontier node i (the drafter lets each node attend to its processed ancestors only).
+#: the frontier nodes (target-vocabulary ids; ``V`` is the draft vocabulary); ``ancestors[b, i, j]`` says pool
+#: node j is a strict ancestor of frontier node i (the drafter lets each node attend to its processed ancestors only).
 ExpandFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 

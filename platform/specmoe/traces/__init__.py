@@ -5,8 +5,16 @@ Importing this package imports no torch-heavy module beyond the format's datacla
 evaluation live in :mod:`specmoe.traces.collect` and :mod:`specmoe.traces.evaluate`.
 """
 
-from specmoe.traces.format import (COLUMNS, TRACE_FORMAT, SampleRecord, SampleTrace, ShardInfo, TraceMeta,
-                                   TraceReader, TraceWriter)
+from specmoe.traces.format import (
+                                   COLUMNS,
+                                   TRACE_FORMAT,
+                                   SampleRecord,
+                                   SampleTrace,
+                                   ShardInfo,
+                                   TraceMeta,
+                                   TraceReader,
+                                   TraceWriter,
+)
 
 __all__ = ["COLUMNS", "TRACE_FORMAT", "SampleRecord", "SampleTrace", "ShardInfo", "TraceMeta", "TraceReader",
            "TraceWriter"]

@@ -12,7 +12,6 @@ from typing import Any
 
 from specmoe.data.base import BenchmarkDataset
 from specmoe.interfaces.dataset import Sample
-
 from specmoe_plugins.datasets.math500 import problem_solution_prompt
 
 __all__ = ["AMC"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 import torch
+
 from specmoe.decoding.tree import DraftTree
 from specmoe.drafting.eagle3_model import Eagle3Config, Eagle3Model, capture_indices
 from specmoe.drafting.eagle3_tree import TreeContext, draft_pool

@@ -45,7 +45,6 @@ def load_prompts(dataset: dict[str, Any], tokenizer: Any, data_dir: Optional[Pat
     """
     from specmoe.data import render_prompt
     from specmoe.training.response_data import PromptItem
-
     from specmoe_plugins.stages.collect_traces import build_datasets_samples
 
     if tokenizer is None:

@@ -73,6 +73,7 @@ def trainer_options(value: Any) -> TrainerOptions:
 def make_loader(cfg: DraftTrainConfig):
     """``(dataset, loader)`` over the responses of ``cfg.data``."""
     import torch
+
     from specmoe.training.response_data import ResponseDataset, collate_responses, read_responses
 
     ds = ResponseDataset(read_responses(cfg.data), cfg.max_length, cfg.max_prompt_tokens)
@@ -132,10 +133,10 @@ class TrainEagle3(Stage):
 
     def build_draft(self, target: Any, dataset: Any) -> Any:
         import torch
+
         from specmoe.drafting.eagle3_io import load_eagle3
         from specmoe.drafting.eagle3_model import Eagle3Model
         from specmoe.drafting.vocab_map import build_vocab_map, token_counts
-
         from specmoe_plugins.drafters.eagle3 import init_config
 
         cfg = self.config
@@ -157,7 +158,6 @@ class TrainEagle3(Stage):
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         from specmoe.drafting.eagle3_model import capture_indices
         from specmoe.training.eagle3_module import Eagle3Module, fit_module
-
         from specmoe_plugins.stages.generate_responses import build_target
 
         cfg = self.config

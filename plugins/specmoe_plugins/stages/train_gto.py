@@ -17,7 +17,6 @@ from typing import Any
 
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
-
 from specmoe_plugins.stages.train_eagle3 import (
     DraftTrainConfig,
     _target_on,
@@ -64,11 +63,11 @@ class TrainGTO(Stage):
 
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         import torch
+
         from specmoe.drafting.eagle3_io import load_eagle3
         from specmoe.drafting.eagle3_model import capture_indices
         from specmoe.training.eagle3_module import fit_module
         from specmoe.training.gto_module import GTOModule
-
         from specmoe_plugins.stages.generate_responses import build_target
 
         cfg = self.config

@@ -142,7 +142,7 @@ class HFTarget(Target):
         c = self.model.config
         self._num_experts = int(first.experts.num_experts if hasattr(first.experts, "num_experts")
                                 else first.experts.gate_up_proj.shape[0])
-        self._top_k = int(getattr(c, "num_experts_per_tok", None) or getattr(first.router, "top_k"))
+        self._top_k = int(getattr(c, "num_experts_per_tok", None) or first.router.top_k)
         ex = first.experts
         n_params = sum(p.numel() for p in ex.parameters())
         self._bytes_per_expert = int(n_params // self._num_experts * ex.gate_up_proj.element_size())
