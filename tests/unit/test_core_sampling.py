@@ -18,7 +18,7 @@ from specmoe.decoding.acceptance import sample_accept
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.stopping import StopRule
-from specmoe.decoding.tree import DraftTree
+from specmoe.interfaces.tree import DraftTree
 from specmoe.registry import drafters, selectors
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specmoe.decoding.selection import path_experts
-from specmoe.decoding.tree import DraftTree, ancestor_matrix, close_under_ancestors, is_ancestor_closed
+from specmoe.interfaces.tree import DraftTree, ancestor_matrix, close_under_ancestors, is_ancestor_closed
 from specmoe.registry import selectors
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from fixtures.tiny import random_prompts
 
-from specmoe.decoding.tree import DraftTree
+from specmoe.interfaces.tree import DraftTree
 
 
 def _plain_logits(target, ids: list[int]) -> torch.Tensor:

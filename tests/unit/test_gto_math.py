@@ -8,7 +8,6 @@ import math
 
 import torch
 
-from specmoe.decoding.tree import DraftTree
 from specmoe.drafting.gto import (
     choose_groups,
     clipped_surrogate,
@@ -18,6 +17,7 @@ from specmoe.drafting.gto import (
     select_top_nodes,
     tree_reward,
 )
+from specmoe.interfaces.tree import DraftTree
 
 
 def _tree():

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from specmoe.decoding.tree import DraftTree
 from specmoe.interfaces.dataset import Sample
 from specmoe.interfaces.drafter import Committed
 from specmoe.interfaces.stage import StageContext
+from specmoe.interfaces.tree import DraftTree
 from specmoe.registry import predictors, stages
 from specmoe.training.routing_metrics import TopKRoutingAccuracy, routing_loss, routing_targets
 

@@ -84,7 +84,7 @@ def measure(target: Any, unions: list[int], *, gamma: int = 8, batch: int = 1, m
 
     import torch
 
-    from specmoe.decoding.kv import KVState
+    from specmoe.interfaces.kv import KVState
 
     dev = target.device
     experts, routers = target.experts_modules(), target.routers()

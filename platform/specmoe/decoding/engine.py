@@ -16,11 +16,11 @@ import torch
 from specmoe.decoding.acceptance import accept, target_probs
 from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
-from specmoe.decoding.tree import DraftTree, is_ancestor_closed
 from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.predictor import Predictor
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.target import Target
+from specmoe.interfaces.tree import DraftTree, is_ancestor_closed
 
 __all__ = ["SpeculativeEngine", "SelectorError", "experts_per_layer", "pad_rows", "first_token",
            "routing_stats", "prediction_overlap"]

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from specmoe.decoding.tree import DraftTree
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["path_experts", "greedy_select"]
 

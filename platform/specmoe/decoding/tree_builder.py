@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from specmoe.decoding.tree import DraftTree
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["build_pool", "ExpandFn", "pool_size"]
 

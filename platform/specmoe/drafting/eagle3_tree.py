@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specmoe.decoding.tree import DraftTree
 from specmoe.decoding.tree_builder import build_pool, pool_size
 from specmoe.drafting.eagle3_model import Eagle3Model
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["TreeContext", "draft_pool"]
 

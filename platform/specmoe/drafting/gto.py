@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specmoe.decoding.tree import DraftTree, close_under_ancestors
+from specmoe.interfaces.tree import DraftTree, close_under_ancestors
 
 __all__ = [
     "choose_groups",

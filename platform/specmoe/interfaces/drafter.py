@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from specmoe.decoding.tree import DraftTree
 from specmoe.interfaces.plugin import Plugin
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["Drafter", "Committed"]
 

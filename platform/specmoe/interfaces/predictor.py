@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from specmoe.decoding.tree import DraftTree
 from specmoe.interfaces.drafter import Committed
 from specmoe.interfaces.plugin import Plugin
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["Predictor"]
 

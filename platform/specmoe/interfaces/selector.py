@@ -8,8 +8,8 @@ from typing import ClassVar
 
 import torch
 
-from specmoe.decoding.tree import DraftTree
 from specmoe.interfaces.plugin import Plugin
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["Selector"]
 

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specmoe.decoding.kv import KVState
+from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.plugin import Plugin
 
 __all__ = ["Target", "TargetOutput"]

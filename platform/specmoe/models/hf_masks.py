@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from specmoe.decoding.kv import KVState
+from specmoe.interfaces.kv import KVState
 
 __all__ = ["MaskSpec"]
 

@@ -2,7 +2,7 @@
 """Held-out top-K routing accuracy of any expert predictor, through its decoding interface.
 
 Each traced sample is replayed the way the engine drives a predictor: the first token is committed
-(``observe(first=True)``), then repeatedly a chain-shaped :class:`~specmoe.decoding.tree.DraftTree` of the
+(``observe(first=True)``), then repeatedly a chain-shaped :class:`~specmoe.interfaces.tree.DraftTree` of the
 next ``chunk`` tokens (rooted at the last committed token) is scored with ``predict`` and its tokens are
 committed with ``observe``. Every token is scored exactly once, with all of its true context, so the number
 is the paper's "routing prediction accuracy" (App. B.1) measured on the same code path as decoding.
@@ -21,7 +21,7 @@ __all__ = ["chain_tree", "evaluate_predictor", "evaluate_lookup", "main"]
 
 def chain_tree(tokens: torch.Tensor):
     """A one-row :class:`DraftTree` whose nodes form the path ``tokens[0] -> tokens[1] -> ...``."""
-    from specmoe.decoding.tree import DraftTree
+    from specmoe.interfaces.tree import DraftTree
 
     n = tokens.numel()
     dev = tokens.device

@@ -25,8 +25,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from specmoe.decoding.kv import additive_mask
 from specmoe.errors import UserError
+from specmoe.interfaces.kv import additive_mask
 
 __all__ = ["MTPTrainModule", "depth_mask"]
 

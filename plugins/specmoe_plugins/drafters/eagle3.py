@@ -18,11 +18,11 @@ from typing import Any, Optional
 
 import torch
 
-from specmoe.decoding.tree import DraftTree
 from specmoe.drafting.eagle3_model import Eagle3Config, Eagle3Model, capture_indices
 from specmoe.drafting.eagle3_tree import TreeContext, draft_pool
 from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed, Drafter
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["Eagle3Drafter", "Eagle3State", "init_config"]
 

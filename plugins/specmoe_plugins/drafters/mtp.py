@@ -18,11 +18,11 @@ from typing import Any, Optional
 
 import torch
 
-from specmoe.decoding.kv import KVState
-from specmoe.decoding.tree import DraftTree
 from specmoe.decoding.tree_builder import build_pool, pool_size
 from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed, Drafter
+from specmoe.interfaces.kv import KVState
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["MTPDrafter", "MTPState"]
 

@@ -14,11 +14,11 @@ from typing import Any, Optional
 
 import torch
 
-from specmoe.decoding.kv import KVState
-from specmoe.decoding.tree import DraftTree
 from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed
+from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.predictor import Predictor
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["LearnedPredictor", "LearnedState"]
 

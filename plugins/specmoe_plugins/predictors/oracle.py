@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from specmoe.decoding.expert_sets import indices_to_sets
-from specmoe.decoding.tree import DraftTree
 from specmoe.interfaces.predictor import Predictor
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["OraclePredictor"]
 

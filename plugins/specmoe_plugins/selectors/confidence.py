@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from specmoe.decoding.selection import greedy_select
-from specmoe.decoding.tree import DraftTree
 from specmoe.interfaces.selector import Selector
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["ConfidenceSelector"]
 

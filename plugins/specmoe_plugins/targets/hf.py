@@ -16,8 +16,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from specmoe.decoding.kv import KVState
 from specmoe.errors import UserError
+from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.target import Target, TargetOutput
 from specmoe.models.hf_masks import MaskSpec
 
