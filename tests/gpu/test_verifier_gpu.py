@@ -64,7 +64,7 @@ def _triton_verifier():
 def _impl(name: str):
     if name == "triton_union":
         return _triton_verifier().experts_forward
-    from specmoe_plugins.verifiers.torch_union import union_experts_forward
+    from specmoe.kernels.union_torch import union_experts_forward
 
     return union_experts_forward
 
@@ -146,6 +146,6 @@ def test_large_token_count_falls_back_to_torch_union(layer):
     spec, module, _ = layer
     v = _triton_verifier()
     x, idx, w = inputs(spec, 128, "uniform", seed=5)
-    from specmoe_plugins.verifiers.torch_union import union_experts_forward
+    from specmoe.kernels.union_torch import union_experts_forward
 
     assert torch.equal(v.experts_forward(module, x, idx, w), union_experts_forward(module, x, idx, w))

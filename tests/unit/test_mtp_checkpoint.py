@@ -130,8 +130,8 @@ def test_single_file_and_layer_index(ds_ckpt, tmp_path):
     moved = {k.replace("layers.3.", "layers.7."): v for k, v in mtp.items()}
     save_file(moved, str(tmp_path / "model.safetensors"))
     with pytest.raises(UserError, match=r"no MTP weights.*model\.layers\.3\..*train_mtp"):
-        load_head(target.model, tmp_path, device="cpu", dtype=torch.float32)
-    head = load_head(target.model, tmp_path, device="cpu", dtype=torch.float32, layer_index=7)
+        load_head(target.parts(), tmp_path, device="cpu", dtype=torch.float32)
+    head = load_head(target.parts(), tmp_path, device="cpu", dtype=torch.float32, layer_index=7)
     torch.testing.assert_close(head.eh_proj.weight, ref["eh_proj"])
 
 
@@ -145,7 +145,7 @@ def test_missing_keys_are_listed(ds_ckpt, tmp_path):
     save_file({k: v for k, v in mtp.items() if k not in drop}, str(tmp_path / "model.safetensors"))
     msg = r"missing 2 tensor\(s\): hnorm\.weight, self_attn\.kv_b_proj\.weight"
     with pytest.raises(UserError, match=msg):
-        load_head(target.model, tmp_path, device="cpu", dtype=torch.float32)
+        load_head(target.parts(), tmp_path, device="cpu", dtype=torch.float32)
 
 
 def test_fp8_block_weights_are_dequantized(ds_ckpt, tmp_path):
@@ -167,14 +167,14 @@ def test_fp8_block_weights_are_dequantized(ds_ckpt, tmp_path):
     assert "eh_proj.weight_scale_inv" not in read_mtp_tensors(tmp_path, 3)
     torch.testing.assert_close(got, dequantize_fp8(q, scale, (32, 32)))
     assert float((got - w).abs().max()) < 0.07 * float(w.abs().max())  # e4m3 rounding only
-    head = load_head(target.model, tmp_path, device="cpu", dtype=torch.float32)
+    head = load_head(target.parts(), tmp_path, device="cpu", dtype=torch.float32)
     torch.testing.assert_close(head.eh_proj.weight, got)
 
 
 def test_bf16_moe_head_runs(ds_ckpt):
     path, _, _ = ds_ckpt
     target = targets.get("hf")(path=str(path))
-    head = load_head(target.model, path, device="cpu", dtype=torch.bfloat16)
+    head = load_head(target.parts(), path, device="cpu", dtype=torch.bfloat16)
     assert head.block.mlp.gate.weight.dtype == torch.float32  # kept in fp32 like transformers does
     assert head.eh_proj.weight.dtype == torch.bfloat16
     target.model.to(torch.bfloat16)
@@ -190,8 +190,8 @@ def test_target_without_mtp_weights_errors(make_target, tmp_path):
     with pytest.raises(UserError, match=r"no MTP weights.*train_mtp.*'path'"):
         drafters.get("mtp")().setup(target)
     other = make_target("gpt_oss")
-    head = build_head(other.model, other.model.config, MTPSpec(), device="cpu", dtype=torch.float32)
-    export_head(head, other.model, tmp_path)
+    head = build_head(other.parts(), MTPSpec(), device="cpu", dtype=torch.float32)
+    export_head(head, other.parts(), tmp_path)
     with pytest.raises(UserError, match="another model.*model_type"):
         drafters.get("mtp")(path=str(tmp_path)).setup(target)
 
@@ -200,9 +200,9 @@ def test_target_without_mtp_weights_errors(make_target, tmp_path):
 def test_trained_head_export_roundtrip(make_target, tmp_path, arch, mlp):
     target = make_target(arch)
     torch.manual_seed(1)
-    head = build_head(target.model, target.model.config, MTPSpec(mlp=mlp, recurse="block"), device="cpu",
+    head = build_head(target.parts(), MTPSpec(mlp=mlp, recurse="block"), device="cpu",
                       dtype=torch.float32)
-    out = export_head(head, target.model, tmp_path)
+    out = export_head(head, target.parts(), tmp_path)
     conf = json.loads((out / "config.json").read_text())
     assert conf["specmoe_mtp"]["mlp"] == mlp and conf["num_nextn_predict_layers"] == 1
     n = target.num_hidden_layers

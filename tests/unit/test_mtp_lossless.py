@@ -31,9 +31,9 @@ def head_dirs(tmp_path_factory):
         key = (id(target), mlp, recurse)
         if key not in made:
             torch.manual_seed(7)
-            head = build_head(target.model, target.model.config, MTPSpec(mlp=mlp, recurse=recurse),
+            head = build_head(target.parts(), MTPSpec(mlp=mlp, recurse=recurse),
                               device="cpu", dtype=torch.float32)
-            made[key] = export_head(head, target.model, tmp_path_factory.mktemp("mtp_head"))
+            made[key] = export_head(head, target.parts(), tmp_path_factory.mktemp("mtp_head"))
         return made[key]
 
     return get

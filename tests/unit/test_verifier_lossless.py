@@ -40,9 +40,9 @@ def lossless_report(verifier_name: str, cache_dir: str, prompt_lens: list[int], 
         predictor.setup(target)
         g = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, target.vocab_size, (n,), generator=g).tolist() for n in prompt_lens]
-        prev = target.model.get_experts_implementation()
+        prev = target.experts_implementation
         try:
-            target.model.set_experts_implementation("eager")
+            target.set_experts_implementation("eager")
             refs = [ar_generate(target, [p], temperature=0, stop=StopRule(new_tokens)).tokens
                     for p in prompts]
             verifiers.get(verifier_name)().install(target)
@@ -56,7 +56,7 @@ def lossless_report(verifier_name: str, cache_dir: str, prompt_lens: list[int], 
                             ref=ref, out=out.tokens, verified=max(sum(s.verified) for s in out.steps),
                             steps=len(out.steps))
         finally:
-            target.model.set_experts_implementation(prev)
+            target.set_experts_implementation(prev)
     return report
 
 

@@ -236,7 +236,7 @@ def test_torch_union_bf16_keeps_dtype_and_is_as_accurate_as_eager():
     hidden, idx, w = case_inputs("qwen3_moe", "random_24", gold_module)
     gold = eager_reference(gold_model, gold_module, hidden, idx, w)
     ref = eager_reference(model, module, hidden.bfloat16(), idx, w.bfloat16())
-    from specmoe_plugins.verifiers.torch_union import union_experts_forward
+    from specmoe.kernels.union_torch import union_experts_forward
 
     out = union_experts_forward(module, hidden.bfloat16(), idx, w.bfloat16())
     assert out.dtype == torch.bfloat16

@@ -47,9 +47,9 @@ def measure(target, *, prompt_len: int, new_tokens: int, repeats: int, budget: i
 
     def hf_generate() -> float:
         t0 = time.perf_counter()
-        with torch.no_grad():
-            out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                        min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        out = target.native_generate(ids, new_tokens)
+        if out is None:
+            raise ValueError(f"target {type(target).__name__} has no native generate loop to compare with")
         return (out.shape[1] - ids.shape[1]) / (time.perf_counter() - t0)
 
     def ours() -> float:

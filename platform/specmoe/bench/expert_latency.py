@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     target = targets.get("hf")(path=args.target, device=args.device, dtype=args.dtype,
                                attn_implementation="eager")
-    target.model.set_experts_implementation("eager")
+    target.set_experts_implementation("eager")
     k, n_exp, n_layers = target.top_k, target.num_experts, len(target.moe_layer_ids)
     n_tok = args.gamma * args.batch
     top = min(n_exp, n_tok * k)

@@ -124,7 +124,8 @@ def _impls(names: list[str], on_gpu: bool) -> tuple[dict[str, Callable], list[st
     """The runnable implementations and messages about those skipped."""
     from transformers.integrations.moe import grouped_mm_experts_forward
 
-    from specmoe_plugins.verifiers.torch_union import union_experts_forward
+    from specmoe.kernels.union_torch import union_experts_forward
+    from specmoe.registry import verifiers
 
     fns: dict[str, Callable] = {
         "hf_grouped_mm": grouped_mm_experts_forward,
@@ -137,9 +138,7 @@ def _impls(names: list[str], on_gpu: bool) -> tuple[dict[str, Callable], list[st
         notes.append("triton_union: skipped on CPU (the interpreter is not a benchmark)")
     elif wanted:
         try:
-            from specmoe_plugins.verifiers.triton_union import TritonUnionVerifier
-
-            verifier = TritonUnionVerifier(max_tokens=1 << 30)
+            verifier = verifiers.get("triton_union")(max_tokens=1 << 30)
             if verifier.kernels().is_interpreted():
                 raise RuntimeError("TRITON_INTERPRET is set")
             fns["triton_union"] = verifier.experts_forward

@@ -37,11 +37,21 @@ class Component:
         return {"name": self.name, **self.options}
 
 
-def component(kind: str, default: str | None = None, optional: bool = False) -> Any:
-    """Dataclass field holding a component of ``kind`` (default: registry key ``default``)."""
-    md = {"kind": kind}
+def component(kind: str, default: str | None = None, optional: bool = False, *,
+              options: dict[str, Any] | None = None, name_default: str | None = None) -> Any:
+    """Dataclass field holding a component of ``kind``.
+
+    Args:
+        default: registry key of the default component (with ``options``); None: required or ``optional``.
+        optional: the field may be left unset (``None``).
+        name_default: registry key assumed when a mapping omits ``name`` (stage sub-components such as
+            ``target: {path: "stage:target"}``).
+    """
+    md: dict[str, Any] = {"kind": kind}
+    if name_default is not None:
+        md["name_default"] = name_default
     if default is not None:
-        return field(default_factory=lambda: Component(default, {}, kind), metadata=md)
+        return field(default_factory=lambda: Component(default, dict(options or {}), kind), metadata=md)
     if optional:
         return field(default=None, metadata=md)
     return field(metadata=md)

@@ -140,9 +140,11 @@ class Validator:
             key = self._join(path, name)
             if name in value:
                 sub = value[name]
+                if isinstance(sub, dict) and "name" not in sub and f.metadata.get("name_default"):
+                    sub = {"name": f.metadata["name_default"], **sub}
                 if isinstance(sub, dict) and f.default_factory is not dataclasses.MISSING:
                     default = f.default_factory()
-                    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+                    if dataclasses.is_dataclass(default) and not isinstance(default, (type, Component)):
                         sub = {**to_plain(default), **sub}  # a partial mapping keeps the field's own defaults
                 kwargs[name] = self.convert(sub, hints[name], key, f.metadata.get("kind"))
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:

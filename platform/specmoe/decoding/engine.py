@@ -186,7 +186,7 @@ class SpeculativeEngine:
             if self.predictor is not None:
                 self.predictor.observe(p_state, committed)
                 if self.selector.needs_experts:
-                    experts = self.predictor.predict(p_state, tree, kv)
+                    experts = self.predictor.predict(p_state, tree)
             _sync(dev)
             t2 = time.perf_counter()
             sel = self.selector.select(tree, budget, experts, buffer)

@@ -207,9 +207,11 @@ def save_mtp_head(out_dir: str | Path, tensors: dict[str, torch.Tensor], config:
     return out
 
 
-def load_head(target_model: Any, path: str | Path, *, device: Any, dtype: torch.dtype,
+def load_head(parts: Any, path: str | Path, *, device: Any, dtype: torch.dtype,
               layer_index: int | None = None, recurse: str | None = None):
-    """Build an :class:`~specmoe.drafting.mtp_model.MTPHead` for ``target_model`` from a checkpoint.
+    """Build an :class:`~specmoe.drafting.mtp_model.MTPHead` for a target from a checkpoint.
+
+    ``parts`` is the target's :class:`~specmoe.interfaces.target.TargetParts`.
 
     ``path`` is a DeepSeek-V3 checkpoint (directory or hub id) with MTP weights or a ``train_mtp`` output
     directory. The block is built from the target's config (the checkpoint must belong to the same
@@ -222,7 +224,7 @@ def load_head(target_model: Any, path: str | Path, *, device: Any, dtype: torch.
         path = hub_checkpoint(str(path), local_files_only=bool(os.environ.get("HF_HUB_OFFLINE")))
     path = Path(path).expanduser()
     conf = read_config(path)
-    tcfg = target_model.config
+    tcfg = parts.config
     wrong = [f"{k}: {conf.get(k)!r} vs target {getattr(tcfg, k, None)!r}"
              for k in ("model_type", "hidden_size", "vocab_size") if conf.get(k) != getattr(tcfg, k, None)]
     if wrong:
@@ -236,22 +238,25 @@ def load_head(target_model: Any, path: str | Path, *, device: Any, dtype: torch.
     if recurse is not None:
         spec.recurse = recurse
         spec.__post_init__()
-    for key, shared, flag in (("shared_head.head.weight", target_model.get_output_embeddings(), "own_head"),
-                              ("embed_tokens.weight", target_model.get_input_embeddings(), "own_embed")):
+    for key, shared, flag in (("shared_head.head.weight", parts.lm_head, "own_head"),
+                              ("embed_tokens.weight", parts.embed_tokens, "own_embed")):
         t = tensors.get(key)
         if t is not None and t.shape == shared.weight.shape and torch.equal(
                 t.to(shared.weight.dtype), shared.weight.detach().cpu()):
             tensors.pop(key)
             setattr(spec, flag, False)
-    return build_head(target_model, tcfg, spec, device=device, dtype=dtype, tensors=tensors,
+    return build_head(parts, spec, device=device, dtype=dtype, tensors=tensors,
                       source=f"{path} (model.layers.{n}.*)")
 
 
-def export_head(head: Any, target_model: Any, out_dir: str | Path,
+def export_head(head: Any, parts: Any, out_dir: str | Path,
                 extra: dict[str, Any] | None = None) -> Path:
-    """Save a head in the DeepSeek layout under the target's ``num_hidden_layers`` index."""
-    conf = target_model.config.to_dict()
+    """Save a head in the DeepSeek layout under the target's ``num_hidden_layers`` index.
+
+    ``parts`` is the target's :class:`~specmoe.interfaces.target.TargetParts`.
+    """
+    conf = parts.config.to_dict()
     conf.pop("quantization_config", None)
     conf["num_nextn_predict_layers"] = 1
     conf[MTP_SECTION] = {**head.spec.to_dict(), "format": 1, **(extra or {})}
-    return save_mtp_head(out_dir, head.checkpoint_state(), conf, int(target_model.config.num_hidden_layers))
+    return save_mtp_head(out_dir, head.checkpoint_state(), conf, int(parts.config.num_hidden_layers))

@@ -142,12 +142,11 @@ class MTPHead(nn.Module):
         self._shared: dict[str, nn.Module] = {}  # plain dict: never registered as submodules
 
     # ------------------------------------------------------------------ wiring
-    def bind(self, target_model: Any) -> None:
-        """Reference the target's embedding, ``lm_head``, final norm and rotary embedding."""
-        base = target_model.model
-        self._shared = {"embed": target_model.get_input_embeddings(),
-                        "head": target_model.get_output_embeddings(), "norm": base.norm,
-                        "rotary": base.rotary_emb}
+    def bind(self, parts: Any) -> None:
+        """Reference the target's embedding, ``lm_head``, final norm and rotary embedding
+        (``parts``: :class:`~specmoe.interfaces.target.TargetParts`)."""
+        self._shared = {"embed": parts.embed_tokens, "head": parts.lm_head, "norm": parts.final_norm,
+                        "rotary": parts.rotary_emb}
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids) if self.spec.own_embed else self._shared["embed"](ids)
@@ -217,37 +216,36 @@ class MTPHead(nn.Module):
                 v.copy_(tensors[k])
 
 
-def _fp32_patterns(model_cls: type, dtype: torch.dtype) -> list[str]:
-    pats = list(getattr(model_cls, "_keep_in_fp32_modules_strict", None) or [])
+def _fp32_patterns(parts: Any, dtype: torch.dtype) -> list[str]:
+    pats = list(parts.keep_in_fp32_strict)
     if dtype == torch.float16:
-        pats += list(getattr(model_cls, "_keep_in_fp32_modules", None) or [])
+        pats += list(parts.keep_in_fp32)
     return pats if dtype in (torch.float16, torch.bfloat16) else []
 
 
-def build_head(target_model: Any, config: Any, spec: MTPSpec, *, device: Any, dtype: torch.dtype,
+def build_head(parts: Any, spec: MTPSpec, *, device: Any, dtype: torch.dtype,
                tensors: dict[str, torch.Tensor] | None = None, source: str = "checkpoint") -> MTPHead:
-    """Build a head for ``target_model``: loaded from ``tensors`` or freshly initialised.
+    """Build a head for a target (``parts``: its :class:`~specmoe.interfaces.target.TargetParts`): loaded
+    from ``tensors`` or freshly initialised.
 
     The block is created on the meta device first, so a sparse block that is swapped for a dense MLP is never
     allocated. A fresh head uses the target class's own ``_init_weights``; its ``shared_head.norm`` starts as
     a copy of the target's final norm.
     """
-    layer_cls = type(target_model.model.layers[-1])
-    norm_cls = type(target_model.model.norm)
     with torch.device("meta"):
-        head = MTPHead(block_config(config, spec), spec, layer_cls, norm_cls)
+        head = MTPHead(block_config(parts.config, spec), spec, parts.decoder_layer_cls, parts.norm_cls)
     head.to_empty(device=device)
     head.to(dtype)
     for name, t in list(head.named_parameters()) + list(head.named_buffers()):
-        if any(p in name for p in _fp32_patterns(type(target_model), dtype)):
+        if any(p in name for p in _fp32_patterns(parts, dtype)):
             t.data = t.data.float()
     if tensors is None:
         for mod in head.modules():
-            target_model._init_weights(mod)
+            parts.init_weights(mod)
         if spec.own_norm:
             with torch.no_grad():
-                head.shared_head.norm.weight.copy_(target_model.model.norm.weight)
+                head.shared_head.norm.weight.copy_(parts.final_norm.weight)
     else:
         head.load_checkpoint_state(tensors, source)
-    head.bind(target_model)
+    head.bind(parts)
     return head

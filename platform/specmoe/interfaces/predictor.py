@@ -33,14 +33,15 @@ class Predictor(Plugin, ABC):
         return None
 
     def observe(self, state: Any, committed: Committed) -> None:
-        """Absorb tokens committed since the last call (context for the next prediction). Default: ignore."""
+        """Absorb tokens committed since the last call (context for the next prediction), the next tree's
+        root included. Called once per step before :meth:`predict`. Default: ignore."""
 
     @abstractmethod
-    def predict(self, state: Any, tree: DraftTree, target_kv: Any = None) -> torch.Tensor:
+    def predict(self, state: Any, tree: DraftTree) -> torch.Tensor:
         """Return ``[B, N, L, E]`` bool: predicted experts of every node of ``tree`` (root included).
 
         Args:
-            state: from :meth:`begin`.
-            tree: the candidate pool.
-            target_kv: the target's committed KV state (only the oracle uses it, and must leave it unchanged).
+            state: from :meth:`begin`, after :meth:`observe` of everything committed so far.
+            tree: the candidate pool (node 0 is the last committed token, which the target has not processed
+                yet).
         """

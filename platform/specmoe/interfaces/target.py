@@ -1,18 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Target interface: the MoE model whose output speculative decoding must reproduce."""
+"""Target interface: the MoE model whose output speculative decoding must reproduce.
+
+Everything the engine, the drafters, the predictors, the verifiers and the training stages need from a
+target is on :class:`Target`; none of them reaches into the model object behind it.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import torch
 
 from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.plugin import Plugin
 
-__all__ = ["Target", "TargetOutput"]
+__all__ = ["Target", "TargetOutput", "TargetParts"]
 
 
 @dataclass
@@ -20,23 +24,56 @@ class TargetOutput:
     """What one target forward pass returns.
 
     Attributes:
-        logits: ``[B, N, V]`` float32 next-token logits at every new position.
+        logits: ``[B, N, V]`` float32 next-token logits at every new position (``None`` when the caller asked
+            for none: ``compute_logits=False``).
         hidden: ``[B, N, F]`` concatenation of the requested hidden states (``None`` if none requested).
         routing: ``[B, N, L, K]`` int64 experts chosen by the target's router at each of the ``L`` MoE
             layers (``None`` unless ``capture_routing``). Padding positions hold whatever the router chose for
             the padding token; mask them with the ``valid`` you passed.
     """
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     hidden: torch.Tensor | None = None
     routing: torch.Tensor | None = None
+
+
+@dataclass
+class TargetParts:
+    """The target network's own building blocks, for drafters built from the target's architecture (an MTP
+    head is one more decoder layer of the target's kind over the target's embedding, final norm and LM head).
+
+    Attributes:
+        config: the architecture configuration (a ``transformers.PretrainedConfig`` for Hugging Face models):
+            sizes, attention heads, MLP width, norm epsilon, RoPE settings. ``config.to_dict()`` is JSON-able.
+        embed_tokens: ``[...]`` token ids -> ``[..., H]`` input embeddings (``.weight`` is ``[V, H]``; frozen).
+        lm_head: ``[..., H]`` -> ``[..., V]`` logits (``.weight`` is ``[V, H]``).
+        final_norm: ``[..., H]`` -> ``[..., H]``, the norm applied before ``lm_head``.
+        rotary_emb: ``(x [B, N, H], positions [B, N])`` -> ``(cos, sin)`` position embeddings of the layers.
+        decoder_layer_cls: ``decoder_layer_cls(config, layer_idx)`` builds one decoder layer of the target's
+            kind (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``, ``mlp``).
+        norm_cls: ``norm_cls(size, eps=...)`` builds the target's RMSNorm.
+        init_weights: the architecture's weight initialisation, applied to one module.
+        keep_in_fp32: parameter-name patterns the architecture keeps in float32 when loaded in float16.
+        keep_in_fp32_strict: patterns kept in float32 in float16 and bfloat16.
+    """
+
+    config: Any
+    embed_tokens: torch.nn.Module
+    lm_head: torch.nn.Module
+    final_norm: torch.nn.Module
+    rotary_emb: torch.nn.Module
+    decoder_layer_cls: type
+    norm_cls: type
+    init_weights: Callable[[torch.nn.Module], None]
+    keep_in_fp32: list[str] = field(default_factory=list)
+    keep_in_fp32_strict: list[str] = field(default_factory=list)
 
 
 class Target(Plugin, ABC):
     """A causal MoE language model with tree-structured forward passes and routing capture."""
 
     # ------------------------------------------------------------------ structure
-    model: Any
+    #: the tokenizer (``encode`` / ``decode`` / ``apply_chat_template``), or ``None`` for tokenizer-less models
     tokenizer: Any
     #: local checkpoint directory or hub id the model was loaded from (drafters such as MTP default to it)
     path: str
@@ -89,6 +126,10 @@ class Target(Plugin, ABC):
     def eos_token_ids(self) -> list[int]:
         return []
 
+    @abstractmethod
+    def to(self, device: torch.device | str) -> None:
+        """Move the model to ``device`` (a no-op for a model spread over devices by a device map)."""
+
     # ------------------------------------------------------------------ compute
     def new_kv(self, batch_size: int) -> KVState:
         """An empty KV state for ``batch_size`` rows."""
@@ -97,7 +138,8 @@ class Target(Plugin, ABC):
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, kv: KVState, positions: torch.Tensor,
                 attend: torch.Tensor | None = None, valid: torch.Tensor | None = None, *,
-                hidden_layers: Sequence[int] = (), capture_routing: bool = False) -> TargetOutput:
+                hidden_layers: Sequence[int] = (), capture_routing: bool = False,
+                cached_attend: torch.Tensor | None = None) -> TargetOutput:
         """One forward pass over ``N`` new tokens per row, appended to ``kv``.
 
         Args:
@@ -109,6 +151,8 @@ class Target(Plugin, ABC):
             hidden_layers: indices into the model's ``hidden_states`` tuple (0 = embeddings, i + 1 = output
                 of decoder layer i, -1 = final normalized state) to concatenate into ``TargetOutput.hidden``.
             capture_routing: record the router's top-k choice per token and MoE layer.
+            cached_attend: ``[B, N, S]`` bool extra restriction on the ``S`` cached slots (a drafter that keeps
+                uncommitted tree nodes in the cache lets each node see only its own ancestors).
         """
 
     @abstractmethod
@@ -117,16 +161,23 @@ class Target(Plugin, ABC):
 
     @abstractmethod
     def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
-                         cache: Any, *, capture_routing: bool = False) -> TargetOutput:
-        """The model's own causal forward path (no custom masks): the autoregressive reference.
+                         cache: Any = None, *, hidden_layers: Sequence[int] = (), capture_routing: bool = False,
+                         compute_logits: bool = True) -> TargetOutput:
+        """The model's own causal forward path (no custom masks): the autoregressive reference, and the
+        teacher pass of training stages (full sequences, ``cache=None``).
 
         Args:
             input_ids: ``[B, N]`` int64 new tokens.
             attention_mask: ``[B, S + N]`` 2D padding mask (1 = real token) over cached and new tokens.
             positions: ``[B, N]`` absolute positions.
-            cache: from :meth:`new_standard_cache`; updated in place.
+            cache: from :meth:`new_standard_cache`, updated in place; ``None``: no cache (one whole pass).
+            hidden_layers: as in :meth:`forward`.
+            capture_routing: as in :meth:`forward`.
+            compute_logits: ``False`` skips the LM head (``logits`` is ``None``; saves the ``[B, N, V]`` tensor
+                when only routing or hidden states are wanted).
         """
 
+    # ------------------------------------------------------------------ modules
     @abstractmethod
     def routers(self) -> list[torch.nn.Module]:
         """The router module of each MoE layer; calling one on ``[T, H]`` returns a tuple ending in
@@ -137,5 +188,30 @@ class Target(Plugin, ABC):
         """The normalization applied to the residual stream before each MoE layer's router."""
 
     @abstractmethod
+    def experts_modules(self) -> list[torch.nn.Module]:
+        """The experts module of each MoE layer: ``module(hidden [T, H], top_k_index [T, K],
+        top_k_weights [T, K]) -> [T, H]``."""
+
+    @abstractmethod
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``[...]`` token ids -> ``[..., H]`` input embeddings (the frozen embedding layer)."""
+
+    @property
+    @abstractmethod
+    def experts_implementation(self) -> str:
+        """The name of the experts implementation the MoE layers run now (``eager``...)."""
+
+    @abstractmethod
+    def set_experts_implementation(self, name: str) -> None:
+        """Switch every MoE layer to the experts implementation registered under ``name`` (what a
+        :class:`~specmoe.interfaces.verifier.Verifier` installs)."""
+
+    def parts(self) -> TargetParts:
+        """The network's building blocks (see :class:`TargetParts`); targets that cannot expose them say so."""
+        raise NotImplementedError(f"target {type(self).__name__} does not expose its network parts, so drafters "
+                                  f"built from the target's architecture (mtp) cannot use it")
+
+    def native_generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor | None:
+        """Greedy generation by the model library's own loop (``transformers``' ``generate``), ``[B, N + M]``;
+        benchmarks compare the engine's autoregressive loop against it. ``None`` where there is none."""
+        return None

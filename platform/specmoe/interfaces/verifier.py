@@ -44,7 +44,8 @@ class Verifier(Plugin, ABC):
         raise TypeError(f"{type(self).__name__} uses a built-in implementation and has no experts_forward")
 
     def install(self, target: Any) -> None:
-        """Switch every MoE layer of ``target.model`` to this verifier's implementation."""
+        """Switch every MoE layer of ``target`` (a :class:`~specmoe.interfaces.target.Target`) to this
+        verifier's implementation."""
         if type(self).experts_forward is not Verifier.experts_forward:
             self.register()
-        target.model.set_experts_implementation(self.implementation_name())
+        target.set_experts_implementation(self.implementation_name())

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specmoe.config.errors import ConfigError, Problem
-from specmoe.config.schema import StageSpec
+from specmoe.config.schema import Component, StageSpec
 
 __all__ = ["StageRunner", "substitute_refs", "split_ref", "STAGE_PREFIX", "rank_world"]
 
@@ -42,6 +42,8 @@ def substitute_refs(node: Any, repl: Callable[[str], Any]) -> Any:
         sid, sub = split_ref(node)
         value = repl(sid)
         return f"{value}/{sub}" if sub and isinstance(value, str) else value
+    if isinstance(node, Component):  # a stage's typed sub-component (its target, its datasets)
+        return Component(node.name, substitute_refs(node.options, repl), node.kind)
     if isinstance(node, dict):
         return {k: substitute_refs(v, repl) for k, v in node.items()}
     if isinstance(node, (list, tuple)):

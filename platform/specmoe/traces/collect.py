@@ -102,22 +102,15 @@ def usable_tokenizer(target: Any) -> Any:
 def route_sequences(target: Any, seqs: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """One causal target pass over each (right-padded) sequence -> per sequence ``[T, L, K]`` routing.
 
-    With an ``hf`` target only the decoder body runs (no ``[B, T, V]`` logits: they would dominate memory
-    for large vocabularies); the router decisions come from the same experts hooks either way.
+    The target's standard pass runs without its LM head (no ``[B, T, V]`` logits: they would dominate memory
+    for large vocabularies).
     """
     from specmoe.decoding.engine import pad_rows
 
     dev = target.device
     ids, valid = pad_rows(seqs, dev)
-    b, n = ids.shape
-    pos = torch.arange(n, device=dev).expand_as(ids)
-    body = getattr(getattr(target, "model", None), "model", None)
-    if hasattr(target, "capture") and body is not None:
-        _, routing = target.capture(lambda: body(input_ids=ids, attention_mask=valid.long(), position_ids=pos,
-                                                 use_cache=False))
-        routing = routing.view(b, n, target.num_moe_layers, -1)
-    else:
-        routing = target.forward(ids, target.new_kv(b), pos, None, valid, capture_routing=True).routing
+    pos = torch.arange(ids.shape[1], device=dev).expand_as(ids)
+    routing = target.forward_standard(ids, valid.long(), pos, capture_routing=True, compute_logits=False).routing
     return [routing[i, :len(s)].cpu() for i, s in enumerate(seqs)]
 
 

@@ -25,10 +25,10 @@ __all__ = ["Eagle3Module", "fit_module", "teacher_forward", "warmup_cosine"]
 @torch.no_grad()
 def teacher_forward(target: Any, input_ids: torch.Tensor, valid: torch.Tensor, layers: list[int],
                     out_device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The frozen target on a right-padded batch.
+    """The frozen target on a right-padded batch (its standard causal pass, no cache, autocast off).
 
     Args:
-        target: an ``hf`` target (``target.model`` a causal LM).
+        target: a :class:`~specmoe.interfaces.target.Target`.
         input_ids, valid: ``[B, L]``.
         layers: ``hidden_states`` indices to concatenate (0 = embeddings).
 
@@ -36,12 +36,11 @@ def teacher_forward(target: Any, input_ids: torch.Tensor, valid: torch.Tensor, l
         ``(features [B, L, len(layers) * H], logits [B, L, V] float32)`` on ``out_device``.
     """
     dev = target.device
+    ids = input_ids.to(dev)
+    positions = torch.arange(ids.shape[1], device=dev).expand_as(ids)
     with torch.autocast(device_type=dev.type, enabled=False):
-        out = target.model(input_ids=input_ids.to(dev), attention_mask=valid.to(dev).long(),
-                           output_hidden_states=True, use_cache=False)
-    hs = out.hidden_states
-    feats = torch.cat([hs[i] for i in layers], dim=-1)
-    return feats.to(out_device), out.logits.float().to(out_device)
+        out = target.forward_standard(ids, valid.to(dev).long(), positions, hidden_layers=layers)
+    return out.hidden.to(out_device), out.logits.to(out_device)
 
 
 def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
@@ -96,9 +95,8 @@ class Eagle3Module(L.LightningModule):
             if self._target_factory is None:
                 raise RuntimeError("Eagle3Module: no target attached and no target_factory given")
             object.__setattr__(self, "_target", self._target_factory(self.device))
-        tgt = self._target
-        if getattr(tgt.config, "device_map", None) is None and tgt.device != self.device:
-            tgt.model.to(self.device)
+        if self._target.device != self.device:
+            self._target.to(self.device)
         self.draft.embed_tokens.weight.requires_grad_(False)
 
     # ------------------------------------------------------------------ checkpoints

@@ -51,22 +51,22 @@ class MTPTrainModule(L.LightningModule):
     """Trains ``head``; the target is held outside the module's parameters and state dict.
 
     Args:
-        head: an :class:`~specmoe.drafting.mtp_model.MTPHead` bound to ``target_model``.
-        target_model: the frozen ``transformers`` causal LM.
+        head: an :class:`~specmoe.drafting.mtp_model.MTPHead` bound to ``target``.
+        target: the frozen :class:`~specmoe.interfaces.target.Target`.
         lr, weight_decay, warmup_steps, min_lr_ratio: AdamW (0.9, 0.95) with linear warm-up and cosine decay
             to ``min_lr_ratio * lr`` over the run.
         ce_weight, kl_weight: loss mix (see module docstring).
         depths, depth_decay: unrolled draft depths and their loss decay.
     """
 
-    def __init__(self, head: Any, target_model: Any, *, lr: float = 1e-3, weight_decay: float = 0.0,
+    def __init__(self, head: Any, target: Any, *, lr: float = 1e-3, weight_decay: float = 0.0,
                  warmup_steps: int = 20, min_lr_ratio: float = 0.1, ce_weight: float = 1.0,
                  kl_weight: float = 0.0, depths: int = 1, depth_decay: float = 0.8) -> None:
         super().__init__()
         if depths < 1:
             raise UserError("train_mtp: depths must be >= 1")
         self.head = head
-        self._target = [target_model]  # a list: not registered, not checkpointed, not trained
+        self._target = [target]  # a list: not registered, not checkpointed, not trained
         self.hp = dict(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
                        ce_weight=ce_weight, kl_weight=kl_weight, depths=depths, depth_decay=depth_decay)
         self.loss_history: list[float] = []
@@ -77,7 +77,6 @@ class MTPTrainModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.target.to(self.device)
-        self.target.eval().requires_grad_(False)
 
     def _losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         from transformers import DynamicCache
@@ -86,9 +85,9 @@ class MTPTrainModule(L.LightningModule):
         bsz, t = ids.shape
         hp = self.hp
         with torch.no_grad():
-            out = self.target(input_ids=ids, attention_mask=valid.long(), output_hidden_states=True,
-                              use_cache=False)
-            hidden = out.hidden_states[-1][:, : t - 2]
+            out = self.target.forward_standard(ids, valid.long(), torch.arange(t, device=ids.device).expand_as(ids),
+                                               hidden_layers=[-1])
+            hidden = out.hidden[:, : t - 2]
             t_logits = out.logits[:, 1: t - 1]  # the target's distribution of token p + 2
         n = t - 2
         slot_ids = ids[:, 1: t - 1]

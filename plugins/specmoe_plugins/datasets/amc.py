@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specmoe.data.base import BenchmarkDataset
+from specmoe.data.templates import problem_solution_prompt
 from specmoe.interfaces.dataset import Sample
-from specmoe_plugins.datasets.math500 import problem_solution_prompt
 
 __all__ = ["AMC"]
 

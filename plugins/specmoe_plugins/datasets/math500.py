@@ -15,14 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from specmoe.data.base import BenchmarkDataset
+from specmoe.data.templates import problem_solution_prompt
 from specmoe.interfaces.dataset import Sample
 
-__all__ = ["MATH500", "problem_solution_prompt"]
-
-
-def problem_solution_prompt(problem: str) -> str:
-    """``"Problem:\\n{problem}\\n\\nSolution:"``: the zero-shot prompt of MATH500 and AMC."""
-    return f"Problem:\n{problem}\n\nSolution:"
+__all__ = ["MATH500"]
 
 
 class MATH500(BenchmarkDataset):

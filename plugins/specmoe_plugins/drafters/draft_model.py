@@ -52,29 +52,30 @@ class DraftModelDrafter(Drafter):
 
         cfg = self.config
         self.target = target
-        if cfg.share_target:
-            self.model = target.model
-        else:
-            if cfg.tiny is not None:
-                from specmoe.models.tiny import build_tiny_model, spec_hash
+        self.model = None
+        if cfg.share_target:  # the target's own tree forward pass (with its masks) drafts
+            self._vocab = target.vocab_size
+            return
+        if cfg.tiny is not None:
+            from specmoe.models.tiny import build_tiny_model, spec_hash
 
-                tiny = dict(cfg.tiny)
-                arch = tiny.pop("arch", "qwen3_moe")
-                seed = int(tiny.pop("seed", 0))
-                tiny.setdefault("vocab_size", target.vocab_size)
-                path = str(build_tiny_model(arch, f"{cfg.cache_dir}/{arch}-{spec_hash(arch, seed, tiny)}",
-                                            seed=seed, **tiny))
-            elif cfg.path:
-                path = cfg.path
-            else:
-                raise UserError("drafter draft_model: set 'path' (a draft LM), 'tiny' or 'share_target: true'")
-            dtype = getattr(torch, cfg.dtype) if cfg.dtype else target.dtype
-            try:
-                self.model = transformers.AutoModelForCausalLM.from_pretrained(
-                    path, dtype=dtype, attn_implementation=cfg.attn_implementation)
-            except OSError as exc:
-                raise UserError(f"drafter draft_model: cannot load '{path}': {exc}") from exc
-            self.model.to(target.device).eval().requires_grad_(False)
+            tiny = dict(cfg.tiny)
+            arch = tiny.pop("arch", "qwen3_moe")
+            seed = int(tiny.pop("seed", 0))
+            tiny.setdefault("vocab_size", target.vocab_size)
+            path = str(build_tiny_model(arch, f"{cfg.cache_dir}/{arch}-{spec_hash(arch, seed, tiny)}",
+                                        seed=seed, **tiny))
+        elif cfg.path:
+            path = cfg.path
+        else:
+            raise UserError("drafter draft_model: set 'path' (a draft LM), 'tiny' or 'share_target: true'")
+        dtype = getattr(torch, cfg.dtype) if cfg.dtype else target.dtype
+        try:
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation=cfg.attn_implementation)
+        except OSError as exc:
+            raise UserError(f"drafter draft_model: cannot load '{path}': {exc}") from exc
+        self.model.to(target.device).eval().requires_grad_(False)
         vocab = int(self.model.config.vocab_size)
         if vocab < target.vocab_size:
             raise UserError(f"drafter draft_model: vocabulary {vocab} is smaller than the target's "
@@ -85,14 +86,20 @@ class DraftModelDrafter(Drafter):
 
     def begin(self, batch_size: int) -> DraftState:
         dev = self.target.device
-        return DraftState(KVState(batch_size, dev), torch.zeros(batch_size, dtype=torch.long, device=dev))
+        kv = self.target.new_kv(batch_size) if self.model is None else KVState(batch_size, dev)
+        return DraftState(kv, torch.zeros(batch_size, dtype=torch.long, device=dev))
 
     def _run(self, kv: KVState, ids: torch.Tensor, pos: torch.Tensor, attend: torch.Tensor, valid: torch.Tensor,
              cached_attend: torch.Tensor | None = None) -> torch.Tensor:
-        mask = self._masks.build(kv, pos, attend, valid, self._dtype, cached_attend)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv.cache, use_cache=True)
-        kv.append(pos, valid)
-        return torch.log_softmax(out.logits[..., :self._vocab].float(), dim=-1)
+        """``[B, N, V]`` float32 draft log-probabilities of ``ids [B, N]`` appended to ``kv``."""
+        if self.model is None:
+            logits = self.target.forward(ids, kv, pos, attend, valid, cached_attend=cached_attend).logits
+        else:
+            mask = self._masks.build(kv, pos, attend, valid, self._dtype, cached_attend)
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv.cache,
+                                use_cache=True).logits
+            kv.append(pos, valid)
+        return torch.log_softmax(logits[..., :self._vocab].float(), dim=-1)
 
     @torch.no_grad()
     def draft(self, state: DraftState, committed: Committed, steps: int, top_k: int) -> DraftTree:

@@ -34,7 +34,7 @@ def init_config(target: Any, **overrides: Any) -> Eagle3Config:
 
     ``overrides`` may set any :class:`Eagle3Config` field (e.g. ``draft_vocab_size``, ``aux_layer_ids``).
     """
-    hc = target.model.config
+    hc = target.parts().config
     heads = int(hc.num_attention_heads)
     rope = getattr(hc, "rope_parameters", None) or {}
     kw: dict[str, Any] = dict(
@@ -113,7 +113,7 @@ class Eagle3Drafter(Drafter):
 
         cfg = self.config
         dtype = _DTYPES[cfg.dtype] if cfg.dtype else target.dtype
-        embed = target.model.get_input_embeddings().weight
+        embed = target.parts().embed_tokens.weight
         if cfg.path is not None:
             if cfg.path.startswith("stage:"):
                 raise UserError(f"drafter {self._name()}.path '{cfg.path}' was not resolved: run the recipe "

@@ -84,7 +84,7 @@ class MTPDrafter(Drafter):
             raise UserError(f"drafter mtp: dtype '{cfg.dtype}' is not one of {', '.join(_DTYPES)}")
         dtype = _DTYPES[cfg.dtype] if cfg.dtype else target.dtype
         self.target = target
-        self.head = load_head(target.model, path, device=target.device, dtype=dtype,
+        self.head = load_head(target.parts(), path, device=target.device, dtype=dtype,
                               layer_index=cfg.layer_index, recurse=cfg.recurse)
         self.head.eval().requires_grad_(False)
         self._dtype = self.head.eh_proj.weight.dtype

@@ -112,7 +112,7 @@ class LearnedPredictor(Predictor):
         return torch.cat(out, dim=1)
 
     @torch.no_grad()
-    def predict(self, state: LearnedState, tree: DraftTree, target_kv: Any = None) -> torch.Tensor:
+    def predict(self, state: LearnedState, tree: DraftTree) -> torch.Tensor:
         logits = self.predict_logits(state, tree)
         idx = logits.topk(self.top_k, dim=-1).indices
         sets = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, idx, True)

@@ -40,7 +40,7 @@ class RouterOnEmbeddingPredictor(Predictor):
         return torch.stack(out, dim=1)
 
     @torch.no_grad()
-    def predict(self, state: Any, tree: DraftTree, target_kv: Any = None) -> torch.Tensor:
+    def predict(self, state: Any, tree: DraftTree) -> torch.Tensor:
         if self.config.cache_table:
             if self._table is None:
                 v = self.target.vocab_size

@@ -43,6 +43,6 @@ class TokenTablePredictor(Predictor):
         self.num_experts = int(target.num_experts)
 
     @torch.no_grad()
-    def predict(self, state: Any, tree: DraftTree, target_kv: Any = None) -> torch.Tensor:
+    def predict(self, state: Any, tree: DraftTree) -> torch.Tensor:
         sets = indices_to_sets(self.table.lookup(tree.tokens), self.num_experts)
         return sets & tree.valid[:, :, None, None]

@@ -32,6 +32,7 @@ class BuildTokenTable(Stage):
         """tokens seen fewer times use the global fallback."""
 
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
+        from specmoe.stages.dist import dist_env
         from specmoe.traces.evaluate import evaluate_lookup
         from specmoe.traces.format import TraceReader
         from specmoe.traces.token_table import build_token_table
@@ -41,7 +42,6 @@ class BuildTokenTable(Stage):
             raise UserError("build_token_table: set 'traces' (e.g. \"stage:traces\")")
         if cfg.min_count < 1:
             raise UserError(f"build_token_table.min_count must be >= 1, got {cfg.min_count}")
-        from specmoe_plugins.stages.collect_traces import dist_env
 
         reader = TraceReader(cfg.traces)
         table = build_token_table(reader, cfg.split, cfg.min_count)

@@ -18,43 +18,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
 
-__all__ = ["GenerateResponses", "build_target", "load_prompts"]
+__all__ = ["GenerateResponses", "load_prompts"]
 
 
-def build_target(options: dict[str, Any], device: Optional[str] = None) -> Any:
-    """An ``hf`` target from its plugin options (``device`` fills in when the options set none)."""
-    from specmoe.registry import targets
-
-    opts = dict(options)
-    if device is not None and "device" not in opts and not opts.get("device_map"):
-        opts["device"] = device
-    cls = targets.get(opts.pop("name", "hf"))
-    return cls(cls.Config(**opts))
-
-
-def load_prompts(dataset: dict[str, Any], tokenizer: Any, data_dir: Optional[Path] = None,
+def load_prompts(datasets: list[Component], tokenizer: Any, data_dir: Optional[Path] = None,
                  system: Optional[str] = None, max_prompt_tokens: Optional[int] = None):
-    """``(items, skipped)``: :class:`~specmoe.training.response_data.PromptItem` per sample of ``dataset``.
+    """``(items, skipped)``: :class:`~specmoe.training.response_data.PromptItem` per sample of ``datasets``.
 
     Args:
-        dataset: a component dict ``{name: gsm8k, split: train, limit: N, ...}``.
+        datasets: dataset components (``{name: gsm8k, split: train, limit: N, ...}``).
         max_prompt_tokens: prompts longer than this are skipped (counted in ``skipped``).
     """
     from specmoe.data import render_prompt
+    from specmoe.data.samples import load_samples
     from specmoe.training.response_data import PromptItem
-    from specmoe_plugins.stages.collect_traces import build_datasets_samples
 
     if tokenizer is None:
         raise UserError("generate_responses: the target has no tokenizer, so dataset prompts cannot be "
                         "rendered; give the target a 'tokenizer'")
-    spec = dict(dataset)
-    if data_dir is not None and not spec.get("data_dir") and not spec.get("path"):
-        spec["data_dir"] = str(data_dir)
     items, skipped = [], 0
-    for sample in build_datasets_samples([spec], "generate_responses.dataset"):
+    for sample in load_samples(datasets, "generate_responses.dataset", data_dir):
         ids = render_prompt(tokenizer, sample, system)
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             skipped += 1
@@ -71,9 +58,9 @@ class GenerateResponses(Stage):
 
     @dataclass
     class Config:
-        target: dict[str, Any]
-        """``hf`` target options, e.g. ``{path: "stage:target"}``."""
-        dataset: dict[str, Any]
+        target: Component = component("target", name_default="hf")
+        """the target (``name`` defaults to ``hf``), e.g. ``{path: "stage:target"}``."""
+        dataset: Component = component("dataset")
         """dataset component, e.g. ``{name: gsm8k, split: train, limit: 2000}``."""
         max_new_tokens: int = 512
         temperature: float = 0.0
@@ -89,11 +76,13 @@ class GenerateResponses(Stage):
 
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         from specmoe.decoding.stopping import StopRule
+        from specmoe.stages.options import build_target, option_components
         from specmoe.training.response_data import RESPONSES_FILE, write_responses
 
         cfg = self.config
-        target = build_target(cfg.target, getattr(ctx, "device", None))
-        items, skipped = load_prompts(cfg.dataset, target.tokenizer, getattr(ctx, "data_dir", None),
+        target = build_target(cfg, device=getattr(ctx, "device", None))
+        datasets = option_components(cfg, "dataset")
+        items, skipped = load_prompts(datasets, target.tokenizer, getattr(ctx, "data_dir", None),
                                       cfg.system, cfg.max_prompt_tokens)
         if not items:
             raise UserError("generate_responses: the dataset gave no prompts (check 'dataset' and "
@@ -105,6 +94,6 @@ class GenerateResponses(Stage):
                                  max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, stop=stop,
                                  batch_size=cfg.batch_size, seed=cfg.seed, progress=True)
         summary = {"prompts": len(items), "skipped_long_prompts": skipped, **counts,
-                   "dataset": cfg.dataset.get("name"), "temperature": cfg.temperature}
+                   "dataset": datasets[0].name, "temperature": cfg.temperature}
         (Path(out_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

@@ -233,9 +233,11 @@ class PretrainTarget(Stage):
 
     def _evaluate(self, out: Path, data: Any, data_dir: Path) -> dict[str, Any]:
         """Perplexity and load balance of the exported checkpoint, loaded as the ``hf`` target; samples."""
+        from specmoe.registry import targets
         from specmoe.training.pretrain import RouterCollapseError, check_router_collapse, evaluate_blocks
         from specmoe.training.text_data import pack_documents, read_documents
-        from specmoe_plugins.targets.hf import HFTarget
+
+        HFTarget = targets.get("hf")  # the exported checkpoint, loaded as any recipe would load it
 
         cfg = self.config
         target = HFTarget(path=str(out))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
 from specmoe.training.trainer import TrainerOptions
@@ -37,8 +38,8 @@ __all__ = ["DraftTrainConfig", "TrainEagle3", "last_metrics", "make_loader", "tr
 class DraftTrainConfig:
     """Options shared by ``train_eagle3`` and ``train_gto``."""
 
-    target: dict[str, Any]
-    """``hf`` target options, e.g. ``{path: "stage:target"}``."""
+    target: Component = component("target", name_default="hf")
+    """the frozen target (``name`` defaults to ``hf``), e.g. ``{path: "stage:target"}``."""
     data: str
     """``generate_responses`` output directory (``"stage:<id>"``)."""
     max_length: int = 2048
@@ -140,7 +141,7 @@ class TrainEagle3(Stage):
         from specmoe_plugins.drafters.eagle3 import init_config
 
         cfg = self.config
-        embed = target.model.get_input_embeddings().weight.detach()
+        embed = target.parts().embed_tokens.weight.detach()
         if cfg.init_from:
             return load_eagle3(cfg.init_from, embed=embed, dtype=torch.float32)
         counts = token_counts(dataset.response_tokens(), target.vocab_size)
@@ -157,15 +158,15 @@ class TrainEagle3(Stage):
 
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         from specmoe.drafting.eagle3_model import capture_indices
+        from specmoe.stages.options import build_target
         from specmoe.training.eagle3_module import Eagle3Module, fit_module
-        from specmoe_plugins.stages.generate_responses import build_target
 
         cfg = self.config
         ds, loader = make_loader(cfg)
-        target = build_target(cfg.target)
+        target = build_target(cfg)
         draft = self.build_draft(target, ds)
         layers = capture_indices(draft.config.aux_layer_ids, target.num_hidden_layers)
-        module = Eagle3Module(draft, layers, functools.partial(_target_on, dict(cfg.target)),
+        module = Eagle3Module(draft, layers, functools.partial(target_on, cfg),
                               ttt_length=cfg.ttt_length, decay=cfg.decay, lr=cfg.lr, betas=tuple(cfg.betas),
                               weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
                               min_lr_ratio=cfg.min_lr_ratio)
@@ -179,7 +180,8 @@ class TrainEagle3(Stage):
         return export(module, trainer, Path(out_dir), cfg, target, summary)
 
 
-def _target_on(options: dict[str, Any], device: Any) -> Any:
-    from specmoe_plugins.stages.generate_responses import build_target
+def target_on(config: Any, device: Any) -> Any:
+    """The stage's target loaded on ``device`` (the factory of ranks that were given no target)."""
+    from specmoe.stages.options import build_target
 
-    return build_target(options, str(device))
+    return build_target(config, device=str(device))

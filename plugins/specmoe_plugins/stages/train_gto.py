@@ -19,10 +19,10 @@ from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
 from specmoe_plugins.stages.train_eagle3 import (
     DraftTrainConfig,
-    _target_on,
     export,
     last_metrics,
     make_loader,
+    target_on,
     trainer_options,
 )
 
@@ -66,9 +66,9 @@ class TrainGTO(Stage):
 
         from specmoe.drafting.eagle3_io import load_eagle3
         from specmoe.drafting.eagle3_model import capture_indices
+        from specmoe.stages.options import build_target
         from specmoe.training.eagle3_module import fit_module
         from specmoe.training.gto_module import GTOModule
-        from specmoe_plugins.stages.generate_responses import build_target
 
         cfg = self.config
         if not cfg.drafter:
@@ -76,12 +76,12 @@ class TrainGTO(Stage):
         if cfg.tree_steps < 1 or cfg.tree_top_k < 1 or cfg.tree_nodes < 1 or cfg.group_size < 2:
             raise UserError("train_gto: tree_steps, tree_top_k, tree_nodes must be >= 1 and group_size >= 2")
         ds, loader = make_loader(cfg)
-        target = build_target(cfg.target)
-        embed = target.model.get_input_embeddings().weight.detach()
+        target = build_target(cfg)
+        embed = target.parts().embed_tokens.weight.detach()
         draft = load_eagle3(cfg.drafter, embed=embed, dtype=torch.float32)
         reference = load_eagle3(cfg.drafter, embed=embed, dtype=torch.float32)
         layers = capture_indices(draft.config.aux_layer_ids, target.num_hidden_layers)
-        module = GTOModule(draft.train(), reference, layers, functools.partial(_target_on, dict(cfg.target)),
+        module = GTOModule(draft.train(), reference, layers, functools.partial(target_on, cfg),
                            omega=cfg.omega, clip_eps=cfg.clip_eps, eta=cfg.eta, delta=cfg.delta,
                            group_size=cfg.group_size, num_groups=cfg.num_groups, tree_steps=cfg.tree_steps,
                            tree_top_k=cfg.tree_top_k, tree_nodes=cfg.tree_nodes, seed=cfg.seed,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
 
@@ -31,8 +32,8 @@ class TrainMTP(Stage):
 
     @dataclass
     class Config:
-        target: dict[str, Any] = field(default_factory=lambda: {"path": "stage:target"})
-        """``hf`` target options."""
+        target: Component = component("target", "hf", options={"path": "stage:target"}, name_default="hf")
+        """the frozen target (``name`` defaults to ``hf``)."""
         responses: str = "stage:responses"
         """``generate_responses`` output directory (or a ``responses.jsonl`` file)."""
         mlp: str = "dense"
@@ -76,10 +77,10 @@ class TrainMTP(Stage):
 
         from specmoe.drafting.mtp_io import export_head, load_head
         from specmoe.drafting.mtp_model import MTPSpec, build_head
+        from specmoe.stages.options import build_target
         from specmoe.training.mtp_module import MTPTrainModule
         from specmoe.training.response_data import ResponseDataset, collate_responses, read_responses
         from specmoe.training.trainer import TrainerOptions, build_trainer, mlflow_logger
-        from specmoe_plugins.stages.generate_responses import build_target
 
         cfg = self.config
         out = Path(out_dir)
@@ -99,21 +100,21 @@ class TrainMTP(Stage):
         if len(train_set) == 0:
             raise UserError(f"train_mtp: no usable training sequence in '{cfg.responses}' (responses empty?)")
 
-        target = build_target(cfg.target, ctx.device)
-        model = target.model
+        target = build_target(cfg, device=ctx.device)
+        parts = target.parts()
         dtype = getattr(torch, cfg.dtype, None)
         if not isinstance(dtype, torch.dtype):
             raise UserError(f"train_mtp.dtype '{cfg.dtype}' is not a torch dtype name (float32, bfloat16...)")
         if cfg.init_from:
-            head = load_head(model, cfg.init_from, device=target.device, dtype=dtype, recurse=cfg.recurse)
+            head = load_head(parts, cfg.init_from, device=target.device, dtype=dtype, recurse=cfg.recurse)
         else:
             spec = MTPSpec(mlp=cfg.mlp, intermediate_size=cfg.intermediate_size, recurse=cfg.recurse)
-            head = build_head(model, model.config, spec, device=target.device, dtype=dtype)
+            head = build_head(parts, spec, device=target.device, dtype=dtype)
         head.train().requires_grad_(True)
         for name, param in head.named_parameters():  # copies of the target's head/embedding stay frozen
             if name.startswith(("shared_head.head.", "embed_tokens.")):
                 param.requires_grad_(False)
-        module = MTPTrainModule(head, model, lr=cfg.lr, weight_decay=cfg.weight_decay,
+        module = MTPTrainModule(head, target, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                 warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio,
                                 ce_weight=cfg.ce_weight, kl_weight=cfg.kl_weight, depths=cfg.depths,
                                 depth_decay=cfg.depth_decay)
@@ -138,7 +139,7 @@ class TrainMTP(Stage):
                    "first_loss": _mean(hist[:10]), "last_loss": _mean(hist[-10:]), **metrics,
                    "spec": head.spec.to_dict()}
         if trainer.is_global_zero:
-            export_head(module.head, model, out, extra={"steps": summary["steps"], "depths": cfg.depths})
+            export_head(module.head, parts, out, extra={"steps": summary["steps"], "depths": cfg.depths})
         return summary
 
 

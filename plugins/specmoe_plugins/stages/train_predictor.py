@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
 from specmoe.training.trainer import TrainerOptions
@@ -27,24 +28,25 @@ from specmoe.training.trainer import TrainerOptions
 __all__ = ["TrainPredictor", "resolve_target_embedding"]
 
 
-def resolve_target_embedding(target: Optional[dict[str, Any]], traces_meta: Any):
-    """The target's ``[V, H]`` embedding matrix, from ``target`` options or else the traces' target path."""
+def resolve_target_embedding(config: Any, traces_meta: Any):
+    """The target's ``[V, H]`` float32 embedding matrix: of the ``target`` option when set (the target is
+    loaded), else read from the checkpoint the traces were collected on (without loading the model)."""
     import torch
 
     from specmoe.training.predictor_data import load_target_embedding
 
-    if target and target.get("tiny") is not None:
-        from specmoe.registry import targets
+    if config.target is not None:
+        from specmoe.stages.options import build_target
 
-        return targets.get("hf")(**target).model.get_input_embeddings().weight.detach().to(torch.float32)
-    path = (target or {}).get("path") or traces_meta.target.get("path")
+        target = build_target(config)
+        with torch.no_grad():
+            ids = torch.arange(target.vocab_size, device=target.device)
+            return target.embed(ids).detach().to("cpu", torch.float32)
+    path = traces_meta.target.get("path")
     if not path:
         raise UserError("train_predictor: cannot tell which target the traces come from; "
                         "set 'target: {path: ...}'")
-    if str(path).startswith("stage:"):
-        raise UserError(f"train_predictor.target.path '{path}' was not resolved: run the recipe with "
-                        f"'platform run'")
-    return load_target_embedding(str(path), (target or {}).get("revision"))
+    return load_target_embedding(str(path))
 
 
 def _milestones_callback(levels: list[float], out: Path):
@@ -105,8 +107,9 @@ class TrainPredictor(Stage):
     class Config:
         traces: str = ""
         """trace directory (``stage:<collect_traces id>``)."""
-        target: Optional[dict[str, Any]] = None
-        """``hf`` target options, only to read its embedding matrix; default: the traces' target."""
+        target: Optional[Component] = component("target", optional=True, name_default="hf")
+        """the target, only to read its embedding matrix (``name`` defaults to ``hf``); default: the
+        checkpoint the traces were collected on."""
         backbone: Optional[str] = None
         """backbone checkpoint or hub id (``Qwen/Qwen3-0.6B``); null: a fresh ``backbone_config``."""
         backbone_config: dict[str, Any] = field(default_factory=dict)
@@ -153,7 +156,7 @@ class TrainPredictor(Stage):
                                  cfg.backbone, cfg.backbone_config, cfg.attn_implementation, cfg.lr,
                                  cfg.weight_decay, warmup_steps=cfg.warmup_steps,
                                  gradient_checkpointing=cfg.gradient_checkpointing)
-        module.set_target_embedding(resolve_target_embedding(cfg.target, m))
+        module.set_target_embedding(resolve_target_embedding(cfg, m))
         milestones = _milestones_callback(list(cfg.milestones), out)
         callbacks = [ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0,
                                      every_n_train_steps=cfg.checkpoint_every_n_steps), milestones]

@@ -18,7 +18,7 @@ import torch
 
 from specmoe.errors import UserError
 from specmoe.interfaces.kv import KVState
-from specmoe.interfaces.target import Target, TargetOutput
+from specmoe.interfaces.target import Target, TargetOutput, TargetParts
 from specmoe.models.hf_masks import MaskSpec
 
 __all__ = ["HFTarget"]
@@ -47,8 +47,9 @@ class HFTarget(Target):
         tiny: Optional[dict[str, Any]] = None
         """build a tiny random model: ``{arch: gpt_oss|qwen3_moe|deepseek_v3, seed: 0, <config overrides>}``."""
         dtype: str = "float32"
-        device: str = "cpu"
-        """``cpu``, ``cuda``, ``cuda:1``; ignored with ``device_map``."""
+        device: Optional[str] = None
+        """``cpu``, ``cuda``, ``cuda:1``; default: the device a stage runs on, else ``cpu``; ignored with
+        ``device_map``."""
         device_map: Optional[str] = None
         """e.g. ``auto`` to spread a large checkpoint over all visible GPUs."""
         attn_implementation: Optional[str] = None
@@ -115,7 +116,7 @@ class HFTarget(Target):
         except OSError as exc:
             raise UserError(f"cannot load target '{path}': {exc}") from exc
         if not cfg.device_map:
-            model.to(cfg.device)
+            model.to(cfg.device or "cpu")
         model.eval()
         model.requires_grad_(False)
         self.model = model
@@ -221,18 +222,49 @@ class HFTarget(Target):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(input_ids)
 
+    @property
+    def experts_implementation(self) -> str:
+        impl = self.model.get_experts_implementation()  # {submodule: name}; "" is the whole model
+        if isinstance(impl, dict):
+            impl = impl.get("", next(iter(impl.values()), "eager"))
+        return str(impl)
+
+    def set_experts_implementation(self, name: str) -> None:
+        self.model.set_experts_implementation(name)
+
+    def to(self, device: torch.device | str) -> None:
+        if not self.config.device_map:
+            self.model.to(device)
+
+    def parts(self) -> TargetParts:
+        model, base = self.model, self.model.model
+        cls = type(model)
+        return TargetParts(config=model.config, embed_tokens=model.get_input_embeddings(),
+                           lm_head=model.get_output_embeddings(), final_norm=base.norm,
+                           rotary_emb=base.rotary_emb, decoder_layer_cls=type(base.layers[-1]),
+                           norm_cls=type(base.norm), init_weights=model._init_weights,
+                           keep_in_fp32=list(getattr(cls, "_keep_in_fp32_modules", None) or []),
+                           keep_in_fp32_strict=list(getattr(cls, "_keep_in_fp32_modules_strict", None) or []))
+
+    @torch.no_grad()
+    def native_generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        return self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                   max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+                                   pad_token_id=0)
+
     # ------------------------------------------------------------------ compute
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, kv: KVState, positions: torch.Tensor,
                 attend: torch.Tensor | None = None, valid: torch.Tensor | None = None, *,
-                hidden_layers: Sequence[int] = (), capture_routing: bool = False) -> TargetOutput:
+                hidden_layers: Sequence[int] = (), capture_routing: bool = False,
+                cached_attend: torch.Tensor | None = None) -> TargetOutput:
         b, n = input_ids.shape
         dev = input_ids.device
         if attend is None:
             attend = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(b, n, n)
         if valid is None:
             valid = torch.ones(b, n, dtype=torch.bool, device=dev)
-        mask = self._masks.build(kv, positions, attend, valid, self.dtype)
+        mask = self._masks.build(kv, positions, attend, valid, self.dtype, cached_attend)
         self._capture = [] if capture_routing else None
         try:
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=kv.cache,
@@ -256,26 +288,18 @@ class HFTarget(Target):
 
     @torch.no_grad()
     def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
-                         cache: Any, *, capture_routing: bool = False) -> TargetOutput:
+                         cache: Any = None, *, hidden_layers: Sequence[int] = (), capture_routing: bool = False,
+                         compute_logits: bool = True) -> TargetOutput:
         b, n = input_ids.shape
+        net = self.model if compute_logits else self.model.model  # the decoder body has no LM head
         self._capture = [] if capture_routing else None
         try:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                             cache=cache, use_cache=True)
+            out = net(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
+                      use_cache=cache is not None, output_hidden_states=bool(hidden_layers))
             routing = None
             if capture_routing:
                 routing = torch.stack(self._capture, dim=1).view(b, n, len(self._moe_ids), -1)
         finally:
             self._capture = None
-        return TargetOutput(logits=out.logits.float(), routing=routing)
-
-    @torch.no_grad()
-    def capture(self, fn: Any) -> tuple[Any, torch.Tensor | None]:
-        """Run ``fn()`` (any forward of ``self.model``) recording routing; returns ``(result, [T, L, K])``."""
-        self._capture = []
-        try:
-            result = fn()
-            routing = torch.stack(self._capture, dim=1) if self._capture else None
-        finally:
-            self._capture = None
-        return result, routing
+        hidden = torch.cat([out.hidden_states[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+        return TargetOutput(logits=out.logits.float() if compute_logits else None, hidden=hidden, routing=routing)

@@ -3,7 +3,7 @@
 
 For ``T <= max_tokens`` tokens per MoE layer call (``T = gamma * batch`` in a verify step), each union
 expert's weights are streamed once by the kernels of :mod:`specmoe.kernels.union_moe`. Above ``max_tokens`` (e.g. a
-long prefill) the call falls back to the PyTorch union path of ``torch_union``: the kernels use one M tile of
+long prefill) the call falls back to the PyTorch union path (``torch_union``): the kernels use one M tile of
 ``next_pow2(T)`` rows per expert, which stops paying off once experts hold many rows.
 
 Needs the ``triton`` extra (``pip install 'specmoe[triton]'``). On a CPU tensor it runs only under the Triton
@@ -20,7 +20,7 @@ import torch
 from specmoe.errors import UserError, require
 from specmoe.interfaces.verifier import Verifier
 from specmoe.kernels.layout import experts_layout
-from specmoe_plugins.verifiers.torch_union import union_experts_forward
+from specmoe.kernels.union_torch import union_experts_forward
 
 __all__ = ["TritonUnionVerifier"]
 
