@@ -15,15 +15,21 @@ from fixtures.tiny import random_prompts
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.stopping import StopRule
-from specmoe.drafting.eagle3_io import load_eagle3
-from specmoe.drafting.eagle3_model import capture_indices
-from specmoe.drafting.eagle3_ttt import TTTOutput, shift, ttt_loss, ttt_unroll
 from specmoe.interfaces.stage import StageContext
 from specmoe.registry import drafters, selectors
-from specmoe.training.eagle3_module import teacher_forward
-from specmoe.training.response_data import PromptItem, collate_responses, read_responses, write_responses
-from specmoe_plugins.stages.train_eagle3 import TrainEagle3, make_loader
-from specmoe_plugins.stages.train_gto import TrainGTO
+from specmoe.training.response_data import (
+    PromptItem,
+    collate_responses,
+    read_responses,
+    response_loader,
+    write_responses,
+)
+from specmoe.training.teacher import teacher_forward
+from specmoe_plugins.drafters.eagle3.checkpoint import load_eagle3
+from specmoe_plugins.drafters.eagle3.model import capture_indices
+from specmoe_plugins.drafters.eagle3.stage import TrainEagle3
+from specmoe_plugins.drafters.eagle3.ttt import TTTOutput, shift, ttt_loss, ttt_unroll
+from specmoe_plugins.drafters.gto.stage import TrainGTO
 
 pytestmark = pytest.mark.integration
 
@@ -74,8 +80,10 @@ def test_train_eagle3_then_gto(make_target, tmp_path):
     assert summary["steps"] == 40 and (out / "checkpoints" / "last.ckpt").is_file()
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 160
-    ds, _ = make_loader(stage.config)
-    trained = load_eagle3(str(out), embed=target.model.get_input_embeddings().weight, dtype=torch.float32)
+    c = stage.config
+    ds, _ = response_loader(read_responses(c.data), max_length=c.max_length, max_prompt_tokens=c.max_prompt_tokens,
+                            batch_size=c.batch_size, shuffle=True, seed=c.seed)
+    trained = load_eagle3(str(out), embed=target.parts().embed_tokens.weight, dtype=torch.float32)
     before, floor = _losses(stage.build_draft(target, ds), target, ds)
     after, _ = _losses(trained, target, ds)
     assert after - floor < 0.6 * (before - floor), (before, after, floor)  # the excess (KL) loss shrinks

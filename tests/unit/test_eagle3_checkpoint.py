@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specmoe.drafting.eagle3_io import load_eagle3, save_eagle3
-from specmoe.drafting.eagle3_model import Eagle3Config, capture_indices
-from specmoe.drafting.vocab_map import build_vocab_map, check_vocab_map, token_counts
 from specmoe.errors import UserError
+from specmoe_plugins.drafters.eagle3.checkpoint import load_eagle3, save_eagle3
+from specmoe_plugins.drafters.eagle3.model import Eagle3Config, capture_indices
+from specmoe_plugins.drafters.eagle3.vocab_map import build_vocab_map, check_vocab_map, token_counts
 
 V, VD, H, HEADS, KV, HD, FF = 96, 40, 32, 4, 2, 16, 48
 

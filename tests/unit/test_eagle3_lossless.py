@@ -11,11 +11,11 @@ from fixtures.tiny import random_prompts
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.stopping import StopRule
-from specmoe.drafting.eagle3_io import save_eagle3
-from specmoe.drafting.eagle3_model import Eagle3Config, Eagle3Model
-from specmoe.drafting.eagle3_ttt import ttt_unroll
 from specmoe.interfaces.drafter import Committed
 from specmoe.registry import drafters, predictors, selectors
+from specmoe_plugins.drafters.eagle3.checkpoint import save_eagle3
+from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model
+from specmoe_plugins.drafters.eagle3.ttt import ttt_unroll
 
 MAX_NEW = 16
 

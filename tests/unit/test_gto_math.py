@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from specmoe.drafting.gto import (
+from specmoe.interfaces.tree import DraftTree
+from specmoe_plugins.drafters.gto.objective import (
     choose_groups,
     clipped_surrogate,
     group_advantages,
@@ -17,7 +18,6 @@ from specmoe.drafting.gto import (
     select_top_nodes,
     tree_reward,
 )
-from specmoe.interfaces.tree import DraftTree
 
 
 def _tree():

@@ -13,12 +13,12 @@ import json
 import pytest
 import torch
 
-from specmoe.drafting.mtp_io import dequantize_fp8, export_head, load_head, read_mtp_tensors
-from specmoe.drafting.mtp_model import MTPSpec, build_head
 from specmoe.errors import UserError
 from specmoe.interfaces.kv import additive_mask
 from specmoe.models.tiny import build_tiny_model
 from specmoe.registry import drafters, targets
+from specmoe_plugins.drafters.mtp.checkpoint import dequantize_fp8, export_head, load_head, read_mtp_tensors
+from specmoe_plugins.drafters.mtp.model import MTPSpec, build_head
 
 H = 64
 

@@ -13,11 +13,11 @@ from fixtures.tiny import random_prompts
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.stopping import StopRule
-from specmoe.drafting.mtp_io import export_head
-from specmoe.drafting.mtp_model import MTPSpec, build_head
 from specmoe.interfaces.drafter import Committed
 from specmoe.interfaces.kv import additive_mask
 from specmoe.registry import drafters, predictors, selectors
+from specmoe_plugins.drafters.mtp.checkpoint import export_head
+from specmoe_plugins.drafters.mtp.model import MTPSpec, build_head
 
 MAX_NEW = 16
 

@@ -30,6 +30,7 @@ __all__ = [
     "ResponseDataset",
     "collate_responses",
     "read_responses",
+    "response_loader",
     "write_responses",
 ]
 
@@ -173,3 +174,14 @@ def collate_responses(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.T
         valid[i, :m] = True
         mask[i, :m] = b["loss_mask"]
     return {"input_ids": ids, "valid": valid, "loss_mask": mask}
+
+
+def response_loader(records: Iterable[dict[str, Any]], *, max_length: int, max_prompt_tokens: Optional[int],
+                    batch_size: int, shuffle: bool, seed: int = 0, num_workers: int = 0):
+    """``(dataset, loader)``: a :class:`ResponseDataset` and its dataloader of :func:`collate_responses`
+    batches (shuffled with a generator seeded by ``seed`` when ``shuffle``)."""
+    ds = ResponseDataset(records, max_length, max_prompt_tokens)
+    gen = torch.Generator().manual_seed(seed) if shuffle else None
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=shuffle, generator=gen,
+                                         collate_fn=collate_responses, num_workers=num_workers)
+    return ds, loader

@@ -49,8 +49,8 @@ class LearnedPredictor(Predictor):
         """default: the one the predictor was trained with (``sdpa``)."""
 
     def setup(self, target: Any) -> None:
+        from specmoe.models.expert_predictor import load_predictor
         from specmoe.models.hf_masks import MaskSpec
-        from specmoe.training.predictor_module import load_predictor
 
         cfg = self.config
         if not cfg.path:

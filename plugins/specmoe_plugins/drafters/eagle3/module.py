@@ -4,57 +4,25 @@
 The target is not a submodule (it is never optimized, wrapped by DDP or written into checkpoints): every
 rank builds or receives its own copy and runs it under ``no_grad`` to get the three captured hidden states and
 the logits of each batch (no feature dumps). The draft is unrolled ``ttt_length`` steps
-(:func:`~specmoe.drafting.eagle3_ttt.ttt_unroll`) and trained on the ``0.8**j``-decayed distillation loss.
+(:func:`~specmoe_plugins.drafters.eagle3.ttt.ttt_unroll`) and trained on the ``0.8**j``-decayed distillation loss.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, Optional
 
 import lightning as L
 import torch
 
-from specmoe.drafting.eagle3_model import Eagle3Model
-from specmoe.drafting.eagle3_ttt import ttt_loss, ttt_unroll
+from specmoe.interfaces.tree import DraftTree
+from specmoe.training.schedules import warmup_schedule
+from specmoe.training.teacher import teacher_forward
+from specmoe_plugins.drafters.eagle3.model import Eagle3Model
+from specmoe_plugins.drafters.eagle3.tree import TreeContext, draft_pool
+from specmoe_plugins.drafters.eagle3.ttt import TTTOutput, ttt_loss, ttt_unroll
 
-__all__ = ["Eagle3Module", "fit_module", "teacher_forward", "warmup_cosine"]
-
-
-@torch.no_grad()
-def teacher_forward(target: Any, input_ids: torch.Tensor, valid: torch.Tensor, layers: list[int],
-                    out_device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The frozen target on a right-padded batch (its standard causal pass, no cache, autocast off).
-
-    Args:
-        target: a :class:`~specmoe.interfaces.target.Target`.
-        input_ids, valid: ``[B, L]``.
-        layers: ``hidden_states`` indices to concatenate (0 = embeddings).
-
-    Returns:
-        ``(features [B, L, len(layers) * H], logits [B, L, V] float32)`` on ``out_device``.
-    """
-    dev = target.device
-    ids = input_ids.to(dev)
-    positions = torch.arange(ids.shape[1], device=dev).expand_as(ids)
-    with torch.autocast(device_type=dev.type, enabled=False):
-        out = target.forward_standard(ids, valid.to(dev).long(), positions, hidden_layers=layers)
-    return out.hidden.to(out_device), out.logits.to(out_device)
-
-
-def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
-    """LR factor: linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio`` at ``total``."""
-
-    def f(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        if total <= warmup:
-            return 1.0
-        t = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
-
-    return f
+__all__ = ["Eagle3Module"]
 
 
 class Eagle3Module(L.LightningModule):
@@ -113,8 +81,7 @@ class Eagle3Module(L.LightningModule):
         """Teacher pass + TTT unroll + loss; returns ``(loss, logs, out, feats, tlogits)``."""
         ids, valid, loss_mask = batch["input_ids"], batch["valid"], batch["loss_mask"]
         feats, tlogits = teacher_forward(self._target, ids, valid, self.feature_layers, ids.device)
-        out = ttt_unroll(self.draft, ids, feats.to(self.draft.fc.weight.dtype), valid,
-                         steps or self.hparams.ttt_length)
+        out = self.unroll(self.draft, ids, feats, valid, steps or self.hparams.ttt_length)
         loss, losses, accs, _ = ttt_loss(out, tlogits, loss_mask, valid, self.draft.t2d, self.hparams.decay,
                                          self.hparams.ttt_length)
         logs = {"loss_token": loss.detach()}
@@ -137,36 +104,34 @@ class Eagle3Module(L.LightningModule):
         hp = self.hparams
         params = [p for p in self.draft.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
-        total = int(self.trainer.estimated_stepping_batches) if self.trainer is not None else 0
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(hp.warmup_steps, total, hp.min_lr_ratio))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else None
+        return {"optimizer": opt,
+                "lr_scheduler": warmup_schedule(opt, hp.warmup_steps, total, hp.min_lr_ratio)}
 
+    # ------------------------------------------------------------------ EAGLE-3 pieces for derived objectives
+    @staticmethod
+    def unroll(model: Eagle3Model, input_ids: torch.Tensor, features: torch.Tensor, valid: torch.Tensor,
+               steps: int) -> TTTOutput:
+        """The training-time-test unroll of ``model`` (:func:`~specmoe_plugins.drafters.eagle3.ttt.ttt_unroll`):
+        ``input_ids, valid [B, L]``, ``features [B, L, 3 H_t]``."""
+        return ttt_unroll(model, input_ids, features.to(model.fc.weight.dtype), valid, steps)
 
-def fit_module(module: L.LightningModule, loader: Any, opts: Any, out_dir: Any, ctx: Any, run_name: str,
-               save_every: int = 500) -> L.Trainer:
-    """Fit with checkpoints in ``out_dir/checkpoints`` (``last.ckpt`` resumes a killed run), CSV metrics in
-    ``out_dir/logs/version_<n>/metrics.csv`` and MLflow logging when tracking is on.
+    @staticmethod
+    @torch.no_grad()
+    def position_trees(model: Eagle3Model, out: TTTOutput, input_ids: torch.Tensor, rows: torch.Tensor,
+                       positions: torch.Tensor, steps: int, top_k: int) -> DraftTree:
+        """The EAGLE-2/3 candidate pools ``model`` builds at data positions ``(rows, positions)`` ``[P]``.
 
-    Args:
-        opts: :class:`~specmoe.training.trainer.TrainerOptions`.
-        save_every: optimizer steps between checkpoints.
-    """
-    from pathlib import Path
+        Each pool is rooted at token ``input_ids[b, i + 1]`` and sees the step-0 context of ``out`` (an unroll
+        of ``model``) up to index ``i``, exactly what inference would see after committing that prefix.
 
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
+        Returns:
+            A :class:`~specmoe.interfaces.tree.DraftTree` of ``P`` rows.
+        """
+        n = out.k0.shape[2]
+        ctx = TreeContext(out.k0[rows].detach(), out.v0[rows].detach(),
+                          (torch.arange(n, device=input_ids.device)[None] <= positions[:, None]) & out.valid0[rows])
+        root_lp = torch.log_softmax(out.logits[0][rows, positions].detach().float(), dim=-1)
+        return draft_pool(model, ctx, input_ids[rows, positions + 1], out.hidden[0][rows, positions].detach(),
+                          root_lp, positions, steps, top_k)
 
-    from specmoe.training.trainer import build_trainer, mlflow_logger
-
-    out = Path(out_dir)
-    ckpt_dir = out / "checkpoints"
-    ckpt = ModelCheckpoint(dirpath=str(ckpt_dir), filename="step-{step:06d}", save_last=True, save_top_k=1,
-                           every_n_train_steps=max(1, save_every))
-    loggers: list[Any] = [CSVLogger(save_dir=str(out), name="logs")]  # version_<n>/ per (resumed) run
-    mlf = mlflow_logger(ctx, run_name)
-    if mlf is not None:
-        loggers.append(mlf)
-    trainer = build_trainer(opts, out / "lightning", callbacks=[ckpt], logger=loggers)
-    last = ckpt_dir / "last.ckpt"
-    trainer.fit(module, train_dataloaders=loader, ckpt_path=str(last) if last.is_file() else None)
-    return trainer

@@ -2,7 +2,7 @@
 """Lightning training of an MTP head on a frozen target (hidden states and logits computed online).
 
 The slot at position ``p`` pairs the target's final normalized hidden state ``h_p`` with the embedding of
-token ``p + 1`` and is trained to predict token ``p + 2`` (see :mod:`specmoe.drafting.mtp_model`).
+token ``p + 1`` and is trained to predict token ``p + 2`` (see :mod:`specmoe_plugins.drafters.mtp.model`).
 
 Batches are :func:`specmoe.training.response_data.collate_responses` output (``input_ids``, ``valid``,
 ``loss_mask`` ``[B, T]``; ``loss_mask`` marks response tokens, the labels).
@@ -19,7 +19,6 @@ which is what a depth-``d`` tree node sees at inference. Depth losses are weight
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning as L
@@ -27,6 +26,8 @@ import torch
 
 from specmoe.errors import UserError
 from specmoe.interfaces.kv import additive_mask
+from specmoe.training.schedules import warmup_schedule
+from specmoe.training.teacher import teacher_forward
 
 __all__ = ["MTPTrainModule", "depth_mask"]
 
@@ -51,7 +52,7 @@ class MTPTrainModule(L.LightningModule):
     """Trains ``head``; the target is held outside the module's parameters and state dict.
 
     Args:
-        head: an :class:`~specmoe.drafting.mtp_model.MTPHead` bound to ``target``.
+        head: an :class:`~specmoe_plugins.drafters.mtp.model.MTPHead` bound to ``target``.
         target: the frozen :class:`~specmoe.interfaces.target.Target`.
         lr, weight_decay, warmup_steps, min_lr_ratio: AdamW (0.9, 0.95) with linear warm-up and cosine decay
             to ``min_lr_ratio * lr`` over the run.
@@ -84,11 +85,9 @@ class MTPTrainModule(L.LightningModule):
         ids, valid, label = batch["input_ids"], batch["valid"], batch["loss_mask"]
         bsz, t = ids.shape
         hp = self.hp
-        with torch.no_grad():
-            out = self.target.forward_standard(ids, valid.long(), torch.arange(t, device=ids.device).expand_as(ids),
-                                               hidden_layers=[-1])
-            hidden = out.hidden[:, : t - 2]
-            t_logits = out.logits[:, 1: t - 1]  # the target's distribution of token p + 2
+        feats, logits = teacher_forward(self.target, ids, valid, [-1], ids.device)
+        hidden = feats[:, : t - 2]
+        t_logits = logits[:, 1: t - 1]  # the target's distribution of token p + 2
         n = t - 2
         slot_ids = ids[:, 1: t - 1]
         labels = ids[:, 2:]
@@ -139,14 +138,6 @@ class MTPTrainModule(L.LightningModule):
         hp = self.hp
         params = [p for p in self.head.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=hp["lr"], betas=(0.9, 0.95), weight_decay=hp["weight_decay"])
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
-        warm = min(hp["warmup_steps"], total)
-
-        def factor(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            frac = min(1.0, (step - warm) / max(total - warm, 1))
-            return hp["min_lr_ratio"] + (1 - hp["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * frac))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        total = self.trainer.estimated_stepping_batches
+        warm = min(hp["warmup_steps"], int(total)) if total != float("inf") else hp["warmup_steps"]
+        return {"optimizer": opt, "lr_scheduler": warmup_schedule(opt, warm, total, hp["min_lr_ratio"])}

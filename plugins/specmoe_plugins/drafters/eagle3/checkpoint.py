@@ -2,9 +2,9 @@
 """Loading and saving EAGLE-3 drafts in the released checkpoint format.
 
 A checkpoint is a directory (or a hub repository) with ``config.json`` (see
-:class:`~specmoe.drafting.eagle3_model.Eagle3Config`) and the weights in ``model.safetensors`` (sharded with
+:class:`~specmoe_plugins.drafters.eagle3.model.Eagle3Config`) and the weights in ``model.safetensors`` (sharded with
 ``model.safetensors.index.json``) or ``pytorch_model.bin`` (the original EAGLE releases). Weight names are
-those of :class:`~specmoe.drafting.eagle3_model.Eagle3Model`; on read a few spellings used elsewhere are
+those of :class:`~specmoe_plugins.drafters.eagle3.model.Eagle3Model`; on read a few spellings used elsewhere are
 accepted: vLLM's ``layers.0.`` for ``midlayer.`` and ``draft_id_to_target_id`` for ``d2t``, and a leading
 ``model.``; rotary ``inv_freq`` buffers are ignored. ``t2d`` is rebuilt from ``d2t`` when absent (vLLM drops
 it), ``embed_tokens`` is taken from the target when absent (SpecForge exports omit it), and ``d2t`` / ``t2d``
@@ -24,9 +24,9 @@ from typing import Any, Optional
 
 import torch
 
-from specmoe.drafting.eagle3_model import Eagle3Config, Eagle3Model
-from specmoe.drafting.vocab_map import check_vocab_map
 from specmoe.errors import UserError
+from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model
+from specmoe_plugins.drafters.eagle3.vocab_map import check_vocab_map
 
 __all__ = [
     "REQUIRED_SERVING_KEYS",

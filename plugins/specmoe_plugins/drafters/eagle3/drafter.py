@@ -4,7 +4,7 @@
 Loads the released EAGLE-3 format (``lmsys/EAGLE3-gpt-oss-120b-bf16``, ``lmsys/Qwen3-235B-A22B-EAGLE3``,
 SpecForge exports, drafts trained by ``train_eagle3`` / ``train_gto``) or builds an untrained draft shaped
 after the target (``init``). The target hidden states it needs are chosen by SGLang's convention from
-``eagle_config.eagle_aux_hidden_state_layer_ids`` (:func:`~specmoe.drafting.eagle3_model.capture_indices`).
+``eagle_config.eagle_aux_hidden_state_layer_ids`` (:func:`~specmoe_plugins.drafters.eagle3.model.capture_indices`).
 
 Per draft call: one draft forward over the newly committed tokens (paired with the target features before
 them; it also yields the root's distribution), then one forward per further tree level. The draft KV cache
@@ -18,11 +18,11 @@ from typing import Any, Optional
 
 import torch
 
-from specmoe.drafting.eagle3_model import Eagle3Config, Eagle3Model, capture_indices
-from specmoe.drafting.eagle3_tree import TreeContext, draft_pool
 from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.tree import DraftTree
+from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model, capture_indices
+from specmoe_plugins.drafters.eagle3.tree import TreeContext, draft_pool
 
 __all__ = ["Eagle3Drafter", "Eagle3State", "init_config"]
 
@@ -109,7 +109,7 @@ class Eagle3Drafter(Drafter):
         return list(self._layers)
 
     def setup(self, target: Any) -> None:
-        from specmoe.drafting.eagle3_io import load_eagle3
+        from specmoe_plugins.drafters.eagle3.checkpoint import load_eagle3
 
         cfg = self.config
         dtype = _DTYPES[cfg.dtype] if cfg.dtype else target.dtype

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``mtp``: DeepSeek-V3 style multi-token-prediction head as the drafter (DeepSeek-V3.1's own drafter).
 
-The head (see :mod:`specmoe.drafting.mtp_model`) consumes the target's final normalized hidden state
+The head (see :mod:`specmoe_plugins.drafters.mtp.model`) consumes the target's final normalized hidden state
 (``feature_layers = [-1]``) and is reused recursively for deeper draft levels: a tree node's input hidden
 state is its parent's head output. It keeps its own one-layer KV cache of the committed context; tree nodes
 live in temporary slots while the candidate pool is expanded (as in ``draft_model``) and are dropped after.
@@ -72,7 +72,7 @@ class MTPDrafter(Drafter):
         return [-1]
 
     def setup(self, target: Any) -> None:
-        from specmoe.drafting.mtp_io import load_head
+        from specmoe_plugins.drafters.mtp.checkpoint import load_head
 
         cfg = self.config
         path = cfg.path or getattr(target, "path", None)

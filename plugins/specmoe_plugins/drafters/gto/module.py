@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Group Tree Optimization fine-tuning of an EAGLE-3 draft (``L = L_token + omega * L_GTO``).
 
-Per batch, on top of the EAGLE-3 TTT loss (:class:`~specmoe.training.eagle3_module.Eagle3Module`):
+Per batch, on top of the EAGLE-3 TTT loss of the ``train_eagle3`` stage's module (reached through the
+registry: ``stages.get("train_eagle3").module_class()``, whose ``unroll`` and ``position_trees`` this uses):
 
 1. Pick ``num_groups`` groups of ``group_size`` adjacent response positions
-   (:func:`~specmoe.drafting.gto.choose_groups`).
+   (:func:`~specmoe_plugins.drafters.gto.objective.choose_groups`).
 2. At each picked position build the EAGLE-2 tree (``tree_steps`` levels, ``tree_top_k``, keep the best
    ``tree_nodes``) with the current draft and with the frozen reference draft, from the same context
-   (:func:`~specmoe.drafting.eagle3_tree.draft_pool` over the step-0 keys of the TTT pass).
+   (the EAGLE-3 module's ``position_trees`` over the step-0 keys of the TTT pass).
 3. Tree reward from target probabilities (log-sum-exp over branches). The target probability of a node at
    depth ``d`` is read from the target's distribution at the data position ``i + d``, i.e. under the data
    prefix (teacher forcing, no extra target pass); it is exact along the accepted path, which is the data path
@@ -24,10 +25,8 @@ from typing import Any, Optional
 
 import torch
 
-from specmoe.drafting.eagle3_model import Eagle3Model
-from specmoe.drafting.eagle3_tree import TreeContext, draft_pool
-from specmoe.drafting.eagle3_ttt import TTTOutput, ttt_unroll
-from specmoe.drafting.gto import (
+from specmoe.registry import stages
+from specmoe_plugins.drafters.gto.objective import (
     choose_groups,
     clipped_surrogate,
     group_advantages,
@@ -36,9 +35,11 @@ from specmoe.drafting.gto import (
     select_top_nodes,
     tree_reward,
 )
-from specmoe.training.eagle3_module import Eagle3Module
 
 __all__ = ["GTOModule"]
+
+#: the EAGLE-3 training module (TTT loss, unroll, training-time trees)
+Eagle3Module = stages.get("train_eagle3").module_class()
 
 
 class GTOModule(Eagle3Module):
@@ -53,7 +54,7 @@ class GTOModule(Eagle3Module):
         Remaining arguments: see :class:`Eagle3Module`.
     """
 
-    def __init__(self, draft: Eagle3Model, reference: Eagle3Model, feature_layers: list[int],
+    def __init__(self, draft: Any, reference: Any, feature_layers: list[int],
                  target_factory: Optional[Callable[[torch.device], Any]] = None, *, omega: float = 0.5,
                  clip_eps: float = 0.2, eta: float = 1.0, delta: float = 1e-6, group_size: int = 8,
                  num_groups: int = 16, tree_steps: int = 3, tree_top_k: int = 2, tree_nodes: int = 3,
@@ -67,17 +68,12 @@ class GTOModule(Eagle3Module):
         self._ref.to(device=self.device, dtype=self.draft.fc.weight.dtype)
 
     # ------------------------------------------------------------------ trees
-    def _tree(self, model: Eagle3Model, out: TTTOutput, ids: torch.Tensor, valid: torch.Tensor,
+    def _tree(self, model: Any, out: Any, ids: torch.Tensor, valid: torch.Tensor,
               b: torch.Tensor, i: torch.Tensor, tlogits: torch.Tensor, lse: torch.Tensor):
         """Trees at positions ``(b, i)``; returns ``(tree, selected, reward [P])``."""
         hp = self.hparams
-        n = out.k0.shape[2]
         length = ids.shape[1]
-        ctx = TreeContext(out.k0[b].detach(), out.v0[b].detach(),
-                          (torch.arange(n, device=ids.device)[None] <= i[:, None]) & out.valid0[b])
-        root_lp = torch.log_softmax(out.logits[0][b, i].detach().float(), dim=-1)
-        tree = draft_pool(model, ctx, ids[b, i + 1], out.hidden[0][b, i].detach(), root_lp, i, hp.tree_steps,
-                          hp.tree_top_k)
+        tree = self.position_trees(model, out, ids, b, i, hp.tree_steps, hp.tree_top_k)
         sel = select_top_nodes(tree, hp.tree_nodes)
         t_idx = (i[:, None] + tree.depth).clamp(max=length - 1)
         bb = b[:, None].expand_as(t_idx)
@@ -87,7 +83,7 @@ class GTOModule(Eagle3Module):
         return tree, sel, tree_reward(tree, sel, prob, hp.eta)
 
     @staticmethod
-    def _branch_logp(out: TTTOutput, ids: torch.Tensor, b: torch.Tensor, i: torch.Tensor,
+    def _branch_logp(out: Any, ids: torch.Tensor, b: torch.Tensor, i: torch.Tensor,
                      lengths: torch.Tensor, t2d_index: torch.Tensor) -> torch.Tensor:
         """``[P]`` draft log-likelihood of the data tokens ``ids[b, i+2 .. i+1+l]`` (the accepted branch)."""
         total = torch.zeros(b.shape[0], device=ids.device)
@@ -100,7 +96,7 @@ class GTOModule(Eagle3Module):
             total = total + torch.where(use, lp, torch.zeros_like(lp))
         return total
 
-    def gto_loss(self, batch: dict[str, torch.Tensor], out: TTTOutput, feats: torch.Tensor,
+    def gto_loss(self, batch: dict[str, torch.Tensor], out: Any, feats: torch.Tensor,
                  tlogits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The GTO surrogate of one batch and its diagnostics."""
         hp = self.hparams
@@ -117,7 +113,7 @@ class GTOModule(Eagle3Module):
         g, m = rows.shape
         b, i = rows.flatten().to(ids.device), pos.flatten().to(ids.device)
         with torch.no_grad():
-            ref_out = ttt_unroll(self._ref, ids, feats.to(self._ref.fc.weight.dtype), valid, hp.tree_steps)
+            ref_out = self.unroll(self._ref, ids, feats, valid, hp.tree_steps)
             lse = torch.logsumexp(tlogits, dim=-1)
             tree, sel, r_cur = self._tree(self.draft, out, ids, valid, b, i, tlogits, lse)
             ref_tree, ref_sel, r_ref = self._tree(self._ref, ref_out, ids, valid, b, i, tlogits, lse)

@@ -209,7 +209,7 @@ def save_mtp_head(out_dir: str | Path, tensors: dict[str, torch.Tensor], config:
 
 def load_head(parts: Any, path: str | Path, *, device: Any, dtype: torch.dtype,
               layer_index: int | None = None, recurse: str | None = None):
-    """Build an :class:`~specmoe.drafting.mtp_model.MTPHead` for a target from a checkpoint.
+    """Build an :class:`~specmoe_plugins.drafters.mtp.model.MTPHead` for a target from a checkpoint.
 
     ``parts`` is the target's :class:`~specmoe.interfaces.target.TargetParts`.
 
@@ -218,7 +218,7 @@ def load_head(parts: Any, path: str | Path, *, device: Any, dtype: torch.dtype,
     architecture and sizes). A checkpoint's ``shared_head.head`` / ``embed_tokens`` copies that equal the
     target's own tensors are dropped and the target's are shared instead.
     """
-    from specmoe.drafting.mtp_model import MTPSpec, build_head
+    from specmoe_plugins.drafters.mtp.model import MTPSpec, build_head
 
     if not Path(path).expanduser().is_dir() and not str(path).startswith((".", "/", "~")):
         path = hub_checkpoint(str(path), local_files_only=bool(os.environ.get("HF_HUB_OFFLINE")))

@@ -5,7 +5,8 @@ Inputs: the target (``hf`` target options; ``path: stage:target`` is substituted
 ``generate_responses`` output directory (``responses.jsonl``: ``{"id", "prompt_ids", "response_ids"}``).
 The target stays frozen and computes hidden states and logits online. Output: ``out_dir/config.json`` +
 ``out_dir/model.safetensors`` (keys ``model.layers.{N}.*``), loaded by ``drafter: {name: mtp, path: <dir>}``.
-Lightning checkpoints go to ``out_dir/checkpoints`` (``last.ckpt`` is resumed by a re-run).
+Lightning checkpoints go to ``out_dir/checkpoints`` (``last.ckpt`` is resumed by a re-run), per-step metrics to
+``out_dir/logs/version_<n>/metrics.csv`` (and MLflow when tracking is on).
 """
 
 from __future__ import annotations
@@ -73,14 +74,14 @@ class TrainMTP(Stage):
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         import lightning as L
         import torch
-        from lightning.pytorch.callbacks import ModelCheckpoint
 
-        from specmoe.drafting.mtp_io import export_head, load_head
-        from specmoe.drafting.mtp_model import MTPSpec, build_head
         from specmoe.stages.options import build_target
-        from specmoe.training.mtp_module import MTPTrainModule
-        from specmoe.training.response_data import ResponseDataset, collate_responses, read_responses
-        from specmoe.training.trainer import TrainerOptions, build_trainer, mlflow_logger
+        from specmoe.training.fit import fit_module, train_metrics
+        from specmoe.training.response_data import read_responses, response_loader
+        from specmoe.training.trainer import TrainerOptions
+        from specmoe_plugins.drafters.mtp.checkpoint import export_head, load_head
+        from specmoe_plugins.drafters.mtp.model import MTPSpec, build_head
+        from specmoe_plugins.drafters.mtp.module import MTPTrainModule
 
         cfg = self.config
         out = Path(out_dir)
@@ -95,8 +96,10 @@ class TrainMTP(Stage):
         rows = read_responses(cfg.responses)
         random.Random(cfg.seed).shuffle(rows)
         n_val = max(1, int(len(rows) * cfg.val_fraction)) if len(rows) >= 20 and cfg.val_fraction > 0 else 0
-        train_set, val_set = (ResponseDataset(r, cfg.max_length, cfg.max_prompt_tokens)
-                              for r in (rows[n_val:], rows[:n_val]))
+        data = dict(max_length=cfg.max_length, max_prompt_tokens=cfg.max_prompt_tokens, batch_size=cfg.batch_size,
+                    seed=cfg.seed, num_workers=cfg.num_workers)
+        train_set, train_loader = response_loader(rows[n_val:], shuffle=True, **data)
+        val_set, val_loader = response_loader(rows[:n_val], shuffle=False, **data)
         if len(train_set) == 0:
             raise UserError(f"train_mtp: no usable training sequence in '{cfg.responses}' (responses empty?)")
 
@@ -118,26 +121,15 @@ class TrainMTP(Stage):
                                 warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio,
                                 ce_weight=cfg.ce_weight, kl_weight=cfg.kl_weight, depths=cfg.depths,
                                 depth_decay=cfg.depth_decay)
-        loader = lambda data, shuffle: torch.utils.data.DataLoader(  # noqa: E731
-            data, batch_size=cfg.batch_size, shuffle=shuffle, collate_fn=collate_responses,
-            num_workers=cfg.num_workers)
-        ckpt_dir = out / "checkpoints"
-        ckpt = ModelCheckpoint(dirpath=str(ckpt_dir), save_top_k=0, save_last=True,
-                               enable_version_counter=False,
-                               every_n_train_steps=max(1, cfg.checkpoint_every_n_steps))
-        mlf = mlflow_logger(ctx, "train_mtp", tags={"specmoe.stage": "train_mtp"})
-        trainer = build_trainer(opts, out / "lightning", callbacks=[ckpt], logger=mlf)
-        resume = ckpt_dir / "last.ckpt"
         t0 = time.perf_counter()
-        trainer.fit(module, loader(train_set, True), loader(val_set, False) if len(val_set) else None,
-                    ckpt_path=str(resume) if resume.is_file() else None)
+        trainer = fit_module(module, train_loader, opts, out, ctx, "train_mtp", cfg.checkpoint_every_n_steps,
+                             val_loader=val_loader if len(val_set) else None)
         seconds = time.perf_counter() - t0
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         hist = module.loss_history
         summary = {"steps": int(trainer.global_step), "train_sequences": len(train_set),
                    "val_sequences": len(val_set), "train_seconds": round(seconds, 2),
-                   "first_loss": _mean(hist[:10]), "last_loss": _mean(hist[-10:]), **metrics,
-                   "spec": head.spec.to_dict()}
+                   "first_loss": _mean(hist[:10]), "last_loss": _mean(hist[-10:]),
+                   **train_metrics(trainer, "val/"), "spec": head.spec.to_dict()}
         if trainer.is_global_zero:
             export_head(module.head, parts, out, extra={"steps": summary["steps"], "depths": cfg.depths})
         return summary

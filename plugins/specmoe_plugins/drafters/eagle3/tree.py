@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from specmoe.decoding.tree_builder import build_pool, pool_size
-from specmoe.drafting.eagle3_model import Eagle3Model
 from specmoe.interfaces.tree import DraftTree
+from specmoe_plugins.drafters.eagle3.model import Eagle3Model
 
 __all__ = ["TreeContext", "draft_pool"]
 

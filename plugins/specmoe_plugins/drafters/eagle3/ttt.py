@@ -9,7 +9,7 @@ Indexing (sequence ``x_0 .. x_{L-1}``, target features ``f_t`` and logits ``z_t`
   (target ``z_{i+1+j}``).
 
 Index ``i`` at step ``j`` is the depth-``j`` node of a tree rooted at ``x_{i+1}`` along the data path, and it
-attends exactly as that node does at inference (:mod:`specmoe.drafting.eagle3_tree`): causally to step-0 keys
+attends exactly as that node does at inference (:mod:`specmoe_plugins.drafters.eagle3.tree`): causally to step-0 keys
 ``<= i`` (the committed context, root included) and to the keys of steps ``1..j`` at the same index (its
 ancestors and itself). Positions advance with depth as at inference. (EAGLE / SpecForge keep step positions
 fixed and additionally hide the last ``j`` context keys; we keep training identical to inference instead.)
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specmoe.drafting.eagle3_model import Eagle3Model
+from specmoe_plugins.drafters.eagle3.model import Eagle3Model
 
 __all__ = ["TTTOutput", "shift", "ttt_loss", "ttt_unroll"]
 

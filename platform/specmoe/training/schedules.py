@@ -1,0 +1,39 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Learning-rate schedules of the training modules, from ``transformers.optimization``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+__all__ = ["warmup_schedule"]
+
+
+def warmup_schedule(optimizer: Any, warmup_steps: int, total_steps: Optional[float] = None,
+                    min_lr_ratio: Optional[float] = None) -> dict[str, Any]:
+    """A Lightning ``lr_scheduler`` entry stepped at every optimizer step.
+
+    Linear warm-up from 0 over ``warmup_steps``, then a cosine decay to ``min_lr_ratio * lr`` at
+    ``total_steps`` (``get_cosine_with_min_lr_schedule_with_warmup``); a constant rate after the warm-up when
+    ``min_lr_ratio`` is None or the total is unknown or not past the warm-up
+    (``get_constant_schedule_with_warmup``).
+
+    Args:
+        optimizer: the optimizer whose ``lr`` is the peak rate.
+        warmup_steps: warm-up length in optimizer steps (0: none).
+        total_steps: optimizer steps of the whole run (``trainer.estimated_stepping_batches``).
+        min_lr_ratio: final rate as a fraction of the peak.
+    """
+    from transformers.optimization import (
+        get_constant_schedule_with_warmup,
+        get_cosine_with_min_lr_schedule_with_warmup,
+    )
+
+    warmup = max(int(warmup_steps), 0)
+    known = total_steps is not None and math.isfinite(float(total_steps)) and int(total_steps) > warmup
+    if min_lr_ratio is None or not known:
+        sched = get_constant_schedule_with_warmup(optimizer, warmup)
+    else:
+        sched = get_cosine_with_min_lr_schedule_with_warmup(optimizer, warmup, int(total_steps),
+                                                            min_lr_rate=float(min_lr_ratio))
+    return {"scheduler": sched, "interval": "step"}

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The frozen target as the teacher of a drafter: its features and logits on a batch of training sequences."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["teacher_forward"]
+
+
+@torch.no_grad()
+def teacher_forward(target: Any, input_ids: torch.Tensor, valid: torch.Tensor, layers: Sequence[int],
+                    out_device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frozen target on a right-padded batch (its standard causal pass, no cache, autocast off).
+
+    Args:
+        target: a :class:`~specmoe.interfaces.target.Target`.
+        input_ids, valid: ``[B, L]``.
+        layers: ``hidden_states`` indices to concatenate (0 = embeddings, -1 = the final normalized state).
+
+    Returns:
+        ``(features [B, L, len(layers) * H], logits [B, L, V] float32)`` on ``out_device``.
+    """
+    dev = target.device
+    ids = input_ids.to(dev)
+    positions = torch.arange(ids.shape[1], device=dev).expand_as(ids)
+    with torch.autocast(device_type=dev.type, enabled=False):
+        out = target.forward_standard(ids, valid.to(dev).long(), positions, hidden_layers=list(layers))
+    return out.hidden.to(out_device), out.logits.to(out_device)
