@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import types
 import typing
 from typing import Any, Callable, Literal, Union
@@ -30,6 +31,8 @@ def _describe(value: Any) -> str:
 
 def to_plain(obj: Any) -> Any:
     """Dataclasses / Components -> plain dicts and lists (for YAML dumps and hashing)."""
+    if isinstance(obj, enum.Enum):
+        return obj.value
     if isinstance(obj, Component):
         return {"name": obj.name, **{k: to_plain(v) for k, v in obj.options.items()}}
     if isinstance(obj, StageSpec):
@@ -105,7 +108,23 @@ class Validator:
             return {k: self.convert(v, val_tp, self._join(path, k), kind) for k, v in value.items()}
         if dataclasses.is_dataclass(tp):
             return self.dataclass(value, tp, path)
+        if isinstance(tp, type) and issubclass(tp, enum.Enum):
+            return self.enum(value, tp, path)
         return self.scalar(value, tp, path)
+
+    def enum(self, value: Any, tp: type[enum.Enum], path: str) -> Any:
+        """An :class:`enum.Enum` option, given as a member, a value or a member name (aliases included)."""
+        try:
+            return tp(value)
+        except (ValueError, TypeError):
+            pass
+        if isinstance(value, str) and value in tp.__members__:
+            return tp.__members__[value]
+        values = [str(m.value) for m in tp]
+        aliases = [n for n in tp.__members__ if n not in values]
+        also = f" (or {', '.join(aliases)})" if aliases else ""
+        self.error(path, f"must be one of {', '.join(values)}{also}, got {_describe(value)}")
+        return value
 
     def scalar(self, value: Any, tp: Any, path: str) -> Any:
         if tp is bool:

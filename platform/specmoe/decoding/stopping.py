@@ -7,12 +7,21 @@ from typing import Any, Sequence
 
 __all__ = ["StopRule"]
 
+#: tokens per character of the longest stop string kept as context when decoding only the tail (a character
+#: may take up to four byte-level tokens)
+_TOKENS_PER_CHAR = 4
+
 
 class StopRule:
     """Appends tokens to a row's output and says when the row is finished.
 
     A row finishes at ``max_new_tokens``, at the first stop token (kept in the output), or at the first
     token after which the decoded output contains a stop string (kept).
+
+    Stop strings are looked for without decoding the whole output at every step: only the new tokens are
+    decoded, with enough earlier tokens before them to hold a stop string that started earlier. A hit there
+    is then confirmed and cut on the decoded output itself (once per row, when it stops), so a row stops at
+    exactly the token where ``tokenizer.decode(output)`` first contains a stop string.
 
     Args:
         max_new_tokens: length limit of the generated part.
@@ -31,6 +40,8 @@ class StopRule:
         self.stop_ids = set(int(i) for i in stop_ids)
         self.stop_strings = list(stop_strings)
         self.tokenizer = tokenizer
+        longest = max((len(s) for s in self.stop_strings), default=0)
+        self._context = _TOKENS_PER_CHAR * longest + _TOKENS_PER_CHAR
 
     def extend(self, out: list[int], new: Sequence[int]) -> bool:
         """Append ``new`` to ``out`` in place, cutting at the stop rules; return True if finished."""
@@ -42,13 +53,27 @@ class StopRule:
         return self._strings(out, start)
 
     def _strings(self, out: list[int], start: int) -> bool:
-        if not self.stop_strings or len(out) == start:
+        """Cut ``out`` after the first token whose prefix decodes to a text with a stop string (tokens before
+        ``start`` were checked by earlier calls)."""
+        if not self.stop_strings or len(out) == start or not self._tail_has_stop(out, start):
             return False
-        text = self.tokenizer.decode(out)
-        if not any(s in text for s in self.stop_strings):
+        decode = self.tokenizer.decode
+        if not any(s in decode(out) for s in self.stop_strings):
             return False
         for k in range(max(start, 1), len(out) + 1):  # shortest prefix that contains a stop string
-            if any(s in self.tokenizer.decode(out[:k]) for s in self.stop_strings):
+            if any(s in decode(out[:k]) for s in self.stop_strings):
                 del out[k:]
                 return True
         return True
+
+    def _tail_has_stop(self, out: list[int], start: int) -> bool:
+        """Whether a stop string ends inside the text of the tokens from ``start`` on, decoding only those
+        tokens and a few before them."""
+        decode = self.tokenizer.decode
+        begin = max(0, start - self._context)
+        before = decode(out[begin:start]) if start > begin else ""
+        text = decode(out[begin:])
+        keep = 0  # length of the text the new tokens left unchanged: a match must end after it
+        while keep < min(len(before), len(text)) and before[keep] == text[keep]:
+            keep += 1
+        return any(not s or text.find(s, max(0, keep - len(s) + 1)) >= 0 for s in self.stop_strings)

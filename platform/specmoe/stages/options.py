@@ -39,6 +39,11 @@ def _field(config: Any, name: str) -> dataclasses.Field:
     raise AttributeError(f"{type(config).__qualname__} has no option '{name}'")
 
 
+def _where(config: Any, name: str) -> str:
+    """``<Stage>.<option>`` for messages (``GenerateResponses.target``)."""
+    return f"{type(config).__qualname__.split('.')[0]}.{name}"
+
+
 def build_option(config: Any, name: str, **overrides: Any) -> Any:
     """Instantiate the plugin held by option ``name`` of a stage ``config`` (``overrides`` win over it).
 
@@ -47,7 +52,7 @@ def build_option(config: Any, name: str, **overrides: Any) -> Any:
     """
     f = _field(config, name)
     kind = f.metadata.get("kind", "")
-    where = f"{type(config).__qualname__.split('.')[0]}.{name}"
+    where = _where(config, name)
     value = getattr(config, name)
     if value is None:
         raise UserError(f"{where}: set the {kind} ({{name: <{kind}>, <options>}})")
@@ -59,7 +64,7 @@ def build_target(config: Any, name: str = "target", device: Optional[str] = None
     """The :class:`~specmoe.interfaces.target.Target` of option ``name``; ``device`` (the stage's device)
     applies when the target's options leave ``device`` unset and use no ``device_map``."""
     f = _field(config, name)
-    comp = as_component(getattr(config, name), "target", name, f.metadata.get("name_default"))
+    comp = as_component(getattr(config, name), "target", _where(config, name), f.metadata.get("name_default"))
     overrides = {}
     if device is not None and comp.options.get("device") is None and not comp.options.get("device_map"):
         overrides["device"] = str(device)
@@ -73,6 +78,6 @@ def option_components(config: Any, name: str) -> list[Component]:
     value = getattr(config, name)
     if value is None:
         return []
-    where = f"{type(config).__qualname__.split('.')[0]}.{name}"
+    where = _where(config, name)
     values = value if isinstance(value, (list, tuple)) else [value]
     return [as_component(v, kind, f"{where}[{i}]", f.metadata.get("name_default")) for i, v in enumerate(values)]

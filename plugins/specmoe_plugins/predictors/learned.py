@@ -17,12 +17,11 @@ import torch
 from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed
 from specmoe.interfaces.kv import KVState
+from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.predictor import Predictor
 from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["LearnedPredictor", "LearnedState"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -43,7 +42,7 @@ class LearnedPredictor(Predictor):
         ``.../milestones/acc50``)."""
         device: Optional[str] = None
         """default: the target's device."""
-        dtype: Optional[str] = None
+        dtype: Optional[DType] = None
         """``float32``, ``bfloat16``, ``float16``; default: the target's dtype."""
         attn_implementation: Optional[str] = None
         """default: the one the predictor was trained with (``sdpa``)."""
@@ -55,11 +54,9 @@ class LearnedPredictor(Predictor):
         cfg = self.config
         if not cfg.path:
             raise UserError("predictor learned: set 'path' to an exported predictor directory")
-        if cfg.dtype is not None and cfg.dtype not in _DTYPES:
-            raise UserError(f"predictor learned: dtype '{cfg.dtype}' is not one of {', '.join(_DTYPES)}")
         self.target = target
         self.device = torch.device(cfg.device) if cfg.device else target.device
-        self.dtype = _DTYPES[cfg.dtype] if cfg.dtype else target.dtype
+        self.dtype = torch_dtype(cfg.dtype, target.dtype, where="predictor learned.dtype")
         self.net, self.meta = load_predictor(cfg.path, self.device, self.dtype, cfg.attn_implementation)
         want = {"num_layers": target.num_moe_layers, "num_experts": target.num_experts,
                 "target_hidden": target.hidden_size}

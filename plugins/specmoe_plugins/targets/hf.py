@@ -18,22 +18,13 @@ import torch
 
 from specmoe.errors import UserError
 from specmoe.interfaces.kv import KVState
+from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.target import Target, TargetOutput, TargetParts
 from specmoe.models.hf_masks import MaskSpec
 
 __all__ = ["HFTarget"]
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
-
-
-def _resolve_dtype(name: str) -> torch.dtype:
-    if name not in _DTYPES:
-        raise UserError(f"target.dtype '{name}' is not one of {', '.join(_DTYPES)}")
-    return _DTYPES[name]
-
 
 class HFTarget(Target):
     """A Hugging Face MoE causal LM."""
@@ -46,7 +37,8 @@ class HFTarget(Target):
         """local checkpoint directory or hub id; ignored when ``tiny`` is set."""
         tiny: Optional[dict[str, Any]] = None
         """build a tiny random model: ``{arch: gpt_oss|qwen3_moe|deepseek_v3, seed: 0, <config overrides>}``."""
-        dtype: str = "float32"
+        dtype: DType = DType.float32
+        """parameter dtype: ``float32``, ``bfloat16`` or ``float16``."""
         device: Optional[str] = None
         """``cpu``, ``cuda``, ``cuda:1``; default: the device a stage runs on, else ``cpu``; ignored with
         ``device_map``."""
@@ -101,7 +93,7 @@ class HFTarget(Target):
 
         cfg = self.config
         path = self.resolve_path()
-        dtype = _resolve_dtype(cfg.dtype)
+        dtype = torch_dtype(cfg.dtype, where="target.dtype")
         hf_cfg = transformers.AutoConfig.from_pretrained(path, revision=cfg.revision,
                                                          local_files_only=cfg.local_files_only)
         kwargs: dict[str, Any] = dict(dtype=dtype, attn_implementation=cfg.attn_implementation or "eager",

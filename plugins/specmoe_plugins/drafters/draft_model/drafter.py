@@ -16,6 +16,7 @@ from specmoe.decoding.tree_builder import build_pool
 from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.kv import KVState
+from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.tree import DraftTree
 from specmoe.models.hf_masks import MaskSpec
 
@@ -42,7 +43,7 @@ class DraftModelDrafter(Drafter):
         """build a tiny random draft model (``{arch: ..., seed: ...}``; vocabulary taken from the target)."""
         share_target: bool = False
         """draft with the target model itself (correctness tests; never a speedup)."""
-        dtype: Optional[str] = None
+        dtype: Optional[DType] = None
         """default: the target's dtype."""
         attn_implementation: str = "eager"
         cache_dir: str = ".specmoe_cache/tiny_drafters"
@@ -69,7 +70,7 @@ class DraftModelDrafter(Drafter):
             path = cfg.path
         else:
             raise UserError("drafter draft_model: set 'path' (a draft LM), 'tiny' or 'share_target: true'")
-        dtype = getattr(torch, cfg.dtype) if cfg.dtype else target.dtype
+        dtype = torch_dtype(cfg.dtype, target.dtype, where="drafter draft_model.dtype")
         try:
             self.model = transformers.AutoModelForCausalLM.from_pretrained(
                 path, dtype=dtype, attn_implementation=cfg.attn_implementation)

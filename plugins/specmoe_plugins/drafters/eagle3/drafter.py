@@ -20,13 +20,12 @@ import torch
 
 from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed, Drafter
+from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.tree import DraftTree
 from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model, capture_indices
 from specmoe_plugins.drafters.eagle3.tree import TreeContext, draft_pool
 
 __all__ = ["Eagle3Drafter", "Eagle3State", "init_config"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def init_config(target: Any, **overrides: Any) -> Eagle3Config:
@@ -87,7 +86,7 @@ class Eagle3Drafter(Drafter):
         init: Optional[dict[str, Any]] = None
         """build an untrained draft shaped after the target instead: ``{seed: 0, <Eagle3Config field>: ...}``
         (for tests and as a training start)."""
-        dtype: Optional[str] = None
+        dtype: Optional[DType] = None
         """``float32`` / ``bfloat16`` / ``float16``; default: the target's dtype."""
         revision: Optional[str] = None
         local_files_only: bool = False
@@ -112,7 +111,7 @@ class Eagle3Drafter(Drafter):
         from specmoe_plugins.drafters.eagle3.checkpoint import load_eagle3
 
         cfg = self.config
-        dtype = _DTYPES[cfg.dtype] if cfg.dtype else target.dtype
+        dtype = torch_dtype(cfg.dtype, target.dtype, where=f"drafter {self._name()}.dtype")
         embed = target.parts().embed_tokens.weight
         if cfg.path is not None:
             if cfg.path.startswith("stage:"):

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Optional
 
 from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
+from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.stage import Stage, StageContext
 from specmoe.training.trainer import TrainerOptions
 
@@ -67,19 +68,9 @@ class DraftTrainConfig:
     """optimizer steps between Lightning checkpoints."""
     save_embed_tokens: bool = False
     """write embed_tokens into the exported draft (the serving engines take the target's)."""
-    export_dtype: Optional[str] = None
+    export_dtype: Optional[DType] = None
     """dtype of the exported weights (``bfloat16``...); default: the target's."""
     trainer: TrainerOptions = field(default_factory=TrainerOptions)
-
-
-def _dtype(name: Optional[str], default: Any) -> Any:
-    import torch
-
-    if name is None:
-        return default
-    if not isinstance(getattr(torch, name, None), torch.dtype):
-        raise UserError(f"export_dtype '{name}' is not a torch dtype (float32, bfloat16, float16)")
-    return getattr(torch, name)
 
 
 def target_on(config: Any, device: Any) -> Any:
@@ -207,7 +198,7 @@ class TrainEagle3(Stage):
             from specmoe_plugins.drafters.eagle3.checkpoint import save_eagle3
 
             save_eagle3(module.draft, out_dir, save_embed_tokens=cfg.save_embed_tokens,
-                        dtype=_dtype(cfg.export_dtype, target.dtype))
+                        dtype=torch_dtype(cfg.export_dtype, target.dtype, where=f"{name}.export_dtype"))
             (Path(out_dir) / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         return summary
 

@@ -22,12 +22,10 @@ from specmoe.decoding.tree_builder import build_pool, pool_size
 from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.kv import KVState
+from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["MTPDrafter", "MTPState"]
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
 @dataclass
@@ -59,7 +57,7 @@ class MTPDrafter(Drafter):
         path: Optional[str] = None
         """DeepSeek-V3 checkpoint with MTP weights, or a ``train_mtp`` output directory; default: the
         target's own checkpoint directory."""
-        dtype: Optional[str] = None
+        dtype: Optional[DType] = None
         """``float32``, ``bfloat16``, ``float16``; default: the target's dtype."""
         layer_index: Optional[int] = None
         """checkpoint layer holding the MTP module; default: the checkpoint's ``num_hidden_layers``."""
@@ -80,9 +78,7 @@ class MTPDrafter(Drafter):
             raise UserError("drafter mtp: set 'path' (a DeepSeek-V3 checkpoint with MTP weights or a "
                             "train_mtp output directory); the target has no local checkpoint directory to "
                             "default to")
-        if cfg.dtype is not None and cfg.dtype not in _DTYPES:
-            raise UserError(f"drafter mtp: dtype '{cfg.dtype}' is not one of {', '.join(_DTYPES)}")
-        dtype = _DTYPES[cfg.dtype] if cfg.dtype else target.dtype
+        dtype = torch_dtype(cfg.dtype, target.dtype, where="drafter mtp.dtype")
         self.target = target
         self.head = load_head(target.parts(), path, device=target.device, dtype=dtype,
                               layer_index=cfg.layer_index, recurse=cfg.recurse)

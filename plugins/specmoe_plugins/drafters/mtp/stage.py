@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
+from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.stage import Stage, StageContext
 
 __all__ = ["TrainMTP"]
@@ -63,7 +64,7 @@ class TrainMTP(Stage):
         """keep at most this many prompt tokens of each sequence (cut from the start)."""
         val_fraction: float = 0.05
         """share of the responses held out for validation (at least one when there are 20 or more)."""
-        dtype: str = "float32"
+        dtype: DType = DType.float32
         """head parameter dtype (use ``trainer.precision`` for mixed precision)."""
         checkpoint_every_n_steps: int = 200
         num_workers: int = 0
@@ -73,7 +74,6 @@ class TrainMTP(Stage):
 
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         import lightning as L
-        import torch
 
         from specmoe.stages.options import build_target
         from specmoe.training.fit import fit_module, train_metrics
@@ -105,9 +105,7 @@ class TrainMTP(Stage):
 
         target = build_target(cfg, device=ctx.device)
         parts = target.parts()
-        dtype = getattr(torch, cfg.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise UserError(f"train_mtp.dtype '{cfg.dtype}' is not a torch dtype name (float32, bfloat16...)")
+        dtype = torch_dtype(cfg.dtype, where="train_mtp.dtype")
         if cfg.init_from:
             head = load_head(parts, cfg.init_from, device=target.device, dtype=dtype, recurse=cfg.recurse)
         else:
