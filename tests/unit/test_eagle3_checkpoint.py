@@ -168,3 +168,39 @@ def test_capture_layers_follow_sglang():
     assert capture_indices([33, 1, 17], 36) == [2, 18, 34]  # concatenated in layer order
     cfg = Eagle3Config.from_dict(released_config())
     assert cfg.fused_size == 3 * H and cfg.head_dim == HD
+
+
+def test_draft_for_another_vocabulary_names_the_real_mismatch(tmp_path, embed):
+    """A draft made for a larger vocabulary is reported as a vocabulary mismatch (file, key, fix), with or
+    without its own embed_tokens, never as a hidden-size mismatch."""
+    big = V + 64
+    w = released_weights()
+    w["d2t"], w["t2d"] = build_vocab_map(torch.arange(big), VD)
+    write_ckpt(tmp_path / "big", {**released_config(), "vocab_size": big}, w)
+    write_ckpt(tmp_path / "big_embed", {**released_config(), "vocab_size": big},
+               {**w, "embed_tokens.weight": torch.zeros(big, H)})
+    for name in ("big", "big_embed"):
+        with pytest.raises(UserError) as err:
+            load_eagle3(str(tmp_path / name), embed=embed)
+        msg = str(err.value)
+        assert f"{tmp_path / name}/config.json: vocab_size is {big}" in msg, msg
+        assert f"target's vocabulary has {V} tokens" in msg and "train_eagle3" in msg
+        assert "hidden" not in msg
+    write_ckpt(tmp_path / "wide", {**released_config(), "target_hidden_size": 2 * H},
+               {**released_weights(), "fc.weight": torch.zeros(H, 6 * H)})
+    with pytest.raises(UserError, match=rf"wide/config.json: target_hidden_size is {2 * H} .* hidden size is {H}"):
+        load_eagle3(str(tmp_path / "wide"), embed=embed)
+
+
+def test_drafter_on_a_target_with_a_smaller_vocabulary(make_target, tmp_path):
+    from specmoe.registry import drafters
+    from specmoe_plugins.drafters.eagle3.drafter import init_config
+    from specmoe_plugins.drafters.eagle3.model import Eagle3Model
+
+    target = make_target("qwen3_moe")
+    draft = Eagle3Model(init_config(target, vocab_size=target.vocab_size + 128, draft_vocab_size=64))
+    save_eagle3(draft, tmp_path / "draft")  # the released layout: no embed_tokens
+    drafter = drafters.get("eagle3")(path=str(tmp_path / "draft"))
+    with pytest.raises(UserError, match=rf"draft/config.json: vocab_size is {target.vocab_size + 128} but the "
+                                        rf"target's vocabulary has {target.vocab_size} tokens"):
+        drafter.setup(target)

@@ -30,6 +30,7 @@ from specmoe_plugins.drafters.eagle3.vocab_map import check_vocab_map
 
 __all__ = [
     "REQUIRED_SERVING_KEYS",
+    "check_target_fit",
     "WEIGHTS_NAME",
     "load_eagle3",
     "load_state",
@@ -125,15 +126,45 @@ def normalize_keys(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def check_target_fit(config: Eagle3Config, vocab_size: int, hidden_size: int, where: str,
+                     own_embed: bool = True) -> None:
+    """Raise one clear :class:`UserError` when a draft (``config``, read from ``where``/config.json) was made
+    for a target with another vocabulary or hidden size.
+
+    Args:
+        vocab_size, hidden_size: the target's (its ``[V, H]`` embedding).
+        own_embed: the checkpoint has its own ``embed_tokens`` (else it shares the target's, whose width must
+            then be the draft's ``hidden_size``).
+    """
+    conf = f"{where}/config.json"
+    fix = "Use an EAGLE-3 draft trained for this target (train one with the train_eagle3 stage)"
+    if config.vocab_size != vocab_size:
+        raise UserError(f"EAGLE-3 draft {conf}: vocab_size is {config.vocab_size} but the target's vocabulary "
+                        f"has {vocab_size} tokens: this draft was trained for another target or tokenizer. "
+                        f"{fix}, or load the target it was trained for.")
+    fused = config.target_hidden_size or config.hidden_size
+    if fused != hidden_size:
+        key = "target_hidden_size" if config.target_hidden_size else "hidden_size"
+        raise UserError(f"EAGLE-3 draft {conf}: {key} is {fused} (the width of the target hidden states it "
+                        f"fuses) but the target's hidden size is {hidden_size}: this draft was trained for "
+                        f"another target. {fix}.")
+    if not own_embed and config.hidden_size != hidden_size:
+        raise UserError(f"EAGLE-3 draft {conf}: hidden_size is {config.hidden_size} but the checkpoint has no "
+                        f"embed_tokens, so it would share the target's embedding, which is {hidden_size} wide. "
+                        f"Export the draft with its embed_tokens (train_eagle3 option save_embed_tokens: true).")
+
+
 def load_state(model: Eagle3Model, sd: dict[str, torch.Tensor], where: str,
                embed: Optional[torch.Tensor] = None) -> None:
     """Check ``sd`` against ``model``'s layout and load it.
 
     Args:
-        embed: the target's ``[V, H]`` embedding, used when the checkpoint has no ``embed_tokens``.
+        embed: the target's ``[V, H]`` embedding: used when the checkpoint has no ``embed_tokens``, and checked
+            against the draft's vocabulary and sizes (:func:`check_target_fit`).
 
     Raises:
-        UserError: missing / unexpected keys, shape mismatches, inconsistent ``d2t`` / ``t2d``.
+        UserError: missing / unexpected keys, shape mismatches, inconsistent ``d2t`` / ``t2d``, a draft made
+            for another target.
     """
     c = model.config
     sd = normalize_keys(sd)
@@ -153,15 +184,12 @@ def load_state(model: Eagle3Model, sd: dict[str, torch.Tensor], where: str,
     if bad:
         raise UserError(f"EAGLE-3 checkpoint {where}: tensor shapes disagree with config.json: "
                         f"{'; '.join(bad)}")
+    if embed is not None:
+        check_target_fit(c, int(embed.shape[0]), int(embed.shape[1]), where, "embed_tokens.weight" in sd)
     if "embed_tokens.weight" not in sd:
         if embed is None:
             raise UserError(f"EAGLE-3 checkpoint {where} has no embed_tokens and no target embedding "
                             f"was given")
-        if tuple(embed.shape) != tuple(expected["embed_tokens.weight"].shape):
-            raise UserError(f"EAGLE-3 checkpoint {where} has no embed_tokens and the target's embedding "
-                            f"{tuple(embed.shape)} does not fit "
-                            f"{tuple(expected['embed_tokens.weight'].shape)} "
-                            f"(target_hidden_size differs: the checkpoint must include embed_tokens)")
         sd["embed_tokens.weight"] = embed
     if "d2t" not in sd:
         sd["d2t"] = torch.zeros(c.draft_vocab_size, dtype=torch.long)

@@ -127,13 +127,7 @@ class Eagle3Drafter(Drafter):
             with torch.no_grad():
                 model.embed_tokens.weight.copy_(embed.detach().to("cpu", model.embed_tokens.weight.dtype))
             model.to(device=target.device, dtype=dtype).eval()
-        c = model.config
-        if c.vocab_size != target.vocab_size:
-            raise UserError(f"drafter {self._name()}: draft vocab_size {c.vocab_size} != target's "
-                            f"{target.vocab_size}; this draft was trained for another target")
-        if (c.target_hidden_size or c.hidden_size) != target.hidden_size:
-            raise UserError(f"drafter {self._name()}: draft expects target hidden size "
-                            f"{c.target_hidden_size or c.hidden_size}, the target has {target.hidden_size}")
+        c = model.config  # a loaded draft was checked against the target's embedding (check_target_fit)
         self._layers = capture_indices(c.aux_layer_ids, target.num_hidden_layers)
         self.model = model.requires_grad_(False)
         self.target = target
