@@ -1,0 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The decoding engine: draft -> predict -> select -> verify -> accept (``engine``), the autoregressive
+reference (``ar``), lossless acceptance, stop rules, selection building blocks and per-step records.
+
+Depends on :mod:`specmoe.interfaces` only (never on training, evaluation, tracking or plugins).
+"""
