@@ -158,6 +158,7 @@ def fit_module(module: L.LightningModule, loader: Any, opts: Any, out_dir: Any, 
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
+    from specmoe.training.checkpoints import resume_checkpoint
     from specmoe.training.trainer import build_trainer, mlflow_logger
 
     out = Path(out_dir)
@@ -170,5 +171,5 @@ def fit_module(module: L.LightningModule, loader: Any, opts: Any, out_dir: Any, 
         loggers.append(mlf)
     trainer = build_trainer(opts, out / "lightning", callbacks=[ckpt], logger=loggers)
     last = ckpt_dir / "last.ckpt"
-    trainer.fit(module, train_dataloaders=loader, ckpt_path=str(last) if last.is_file() else None)
+    trainer.fit(module, train_dataloaders=loader, ckpt_path=resume_checkpoint(last))
     return trainer

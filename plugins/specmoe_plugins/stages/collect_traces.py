@@ -10,7 +10,6 @@ SLURM with several processes, each rank traces its share of the shards (``target
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -22,13 +21,11 @@ __all__ = ["CollectTraces", "dist_env", "build_datasets_samples"]
 
 
 def dist_env() -> tuple[int, int, int]:
-    """``(rank, world, local_rank)`` from torchrun (``RANK``...) or SLURM (``SLURM_PROCID``...) variables."""
-    env = os.environ
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0))
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        return int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0))
-    return 0, 1, 0
+    """``(rank, world, local_rank)`` of this process (:func:`specmoe.utils.dist.dist_info`)."""
+    from specmoe.utils.dist import dist_info
+
+    info = dist_info()
+    return info.rank, info.world, info.local_rank
 
 
 def build_datasets_samples(specs: list[dict[str, Any]], where: str) -> list[Any]:

@@ -76,6 +76,7 @@ class TrainMTP(Stage):
 
         from specmoe.drafting.mtp_io import export_head, load_head
         from specmoe.drafting.mtp_model import MTPSpec, build_head
+        from specmoe.training.checkpoints import resume_checkpoint
         from specmoe.training.mtp_module import MTPTrainModule
         from specmoe.training.response_data import ResponseDataset, collate_responses, read_responses
         from specmoe.training.trainer import TrainerOptions, build_trainer, mlflow_logger
@@ -129,7 +130,7 @@ class TrainMTP(Stage):
         resume = ckpt_dir / "last.ckpt"
         t0 = time.perf_counter()
         trainer.fit(module, loader(train_set, True), loader(val_set, False) if len(val_set) else None,
-                    ckpt_path=str(resume) if resume.is_file() else None)
+                    ckpt_path=resume_checkpoint(resume))
         seconds = time.perf_counter() - t0
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         hist = module.loss_history
