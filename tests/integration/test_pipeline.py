@@ -103,6 +103,18 @@ def test_run_compare_cache_and_third_party_selector(tmp_path, tokenizer_dir, mon
         assert "eco" in res.table and "lab" in res.table
         assert (res.run_dir / "config.yaml").is_file() and (res.run_dir / "eval" / "table.md").is_file()
         assert any(p.name.startswith("fig1a") for p in (res.run_dir / "eval" / "plots").iterdir())
+        # one table per setting (AR joins it: no table of its own), built once and logged once
+        assert res.table.count("Table 1 —") == 2 and "γ=1" not in res.table
+        import mlflow
+
+        client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+        assert {f.path for f in client.list_artifacts(res.run_id, "comparison")} == {
+            "comparison/tables.md", "comparison/tables.csv"}
+        (tmp_path / "dl").mkdir()
+        logged = Path(client.download_artifacts(res.run_id, "comparison/tables.md", str(tmp_path / "dl")))
+        assert logged.read_text() == (res.run_dir / "eval" / "table.md").read_text()
+        params = client.get_run(res.run_id).data.params
+        assert params["plugin.selector.ecospec"].startswith("specmoe ") and "plugin.selector.shallow_first" in params
         # another process reads the runs through MLflow
         out = subprocess.run([sys.executable, "-m", "specmoe", "compare", "--experiment", "pipe", "--uri",
                               f"sqlite:///{tmp_path}/mlflow.db"], capture_output=True, text=True, timeout=300)

@@ -232,3 +232,58 @@ def test_metric_and_tag_names():
             "t_select", "t_verify", "t_total", "rho", "tokens_per_s", "predictor_accuracy",
             "matches_ar"} <= set(CELL_METRICS)
     assert set(cell_tags("m", "d", 0.5, 3, 8, parent="p")) == set(CELL_TAGS)
+
+
+def test_plugin_params_name_the_distribution_of_each_plugin(tmp_path, monkeypatch):
+    """Built-ins and third-party plugins record their distribution and version (also on Python 3.10/3.11)."""
+    import textwrap
+
+    from specmoe.config.schema import Component
+    from specmoe.registry import selectors
+    from specmoe.tracking import plugin_params
+
+    site = tmp_path / "site"
+    (site / "lab_sel").mkdir(parents=True)
+    (site / "lab_sel" / "__init__.py").write_text(textwrap.dedent("""
+        from dataclasses import dataclass
+        from specmoe.interfaces.selector import Selector
+        class Root(Selector):
+            @dataclass
+            class Config:
+                pass
+            def select(self, tree, budget, experts=None, buffer=None):
+                return tree.valid & (tree.depth == 0)
+    """))
+    info = site / "lab_sel-2.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-sel\nVersion: 2.1\n")
+    (info / "RECORD").write_text("lab_sel/__init__.py,,\n")
+    (info / "top_level.txt").write_text("lab_sel\n")
+    (info / "entry_points.txt").write_text("[specmoe.selectors]\nroot_first = lab_sel:Root\n")
+    monkeypatch.syspath_prepend(str(site))
+    selectors._clear()
+    try:
+        got = plugin_params([Component("root_first", {}, "selector"), Component("ecospec", {}, "selector"),
+                             Component("lab_sel:Root", {}, "selector"), Component("hf", {}, "target"), None])
+    finally:
+        selectors._clear()
+    from importlib.metadata import version
+
+    assert got["plugin.selector.root_first"] == "lab-sel 2.1"
+    assert got["plugin.selector.lab_sel:Root"] == "lab-sel 2.1"  # named by import path: its module's dist
+    assert got["plugin.selector.ecospec"] == got["plugin.target.hf"] == f"specmoe {version('specmoe')}"
+
+
+def test_check_uri_sqlite_and_schemes(tmp_path):
+    from specmoe.errors import UserError
+    from specmoe.tracking import check_uri
+
+    check_uri(f"sqlite:///{tmp_path}/a/b/mlflow.db")  # creates the directory
+    assert (tmp_path / "a" / "b").is_dir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="cannot create"):
+        check_uri(f"sqlite:///{tmp_path}/file/sub/mlflow.db")
+    with pytest.raises(UserError, match="unknown scheme 'htp'"):
+        check_uri("htp://host:5000")
+    check_uri("databricks")  # left to MLflow (credentials)
+    check_uri(str(tmp_path / "mlruns"))  # a local path

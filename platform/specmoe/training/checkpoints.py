@@ -56,29 +56,29 @@ def _resumable(path: Path) -> bool:
     return isinstance(state, dict) and "optimizer_states" in state and "state_dict" in state
 
 
-def _candidates(where: Path) -> list[Path]:
-    if where.is_file():
-        return [where]
-    if not where.is_dir():
+def _candidates(directory: Path, first: str) -> list[Path]:
+    if not directory.is_dir():
         return []
-    files = [p for p in where.glob("*.ckpt") if p.is_file()]
-    # last.ckpt first (the newest by construction), then the others, newest first
-    return sorted(files, key=lambda p: (p.name != "last.ckpt", -p.stat().st_mtime))
+    files = [p for p in directory.glob("*.ckpt") if p.is_file()]
+    # the file named (last.ckpt: the newest by construction) first, then the others, newest first
+    return sorted(files, key=lambda p: (p.name != first, -p.stat().st_mtime))
 
 
 def resume_checkpoint(where: str | Path) -> Optional[str]:
-    """The newest readable checkpoint in the directory ``where`` (or the file ``where`` itself), as a string
+    """The newest readable, resumable checkpoint in the directory ``where`` (given a file such as
+    ``checkpoints/last.ckpt``: that file first, then the others of its directory, newest first), as a string
     for ``trainer.fit(ckpt_path=...)``; ``None`` when there is none (training starts from step 0).
 
     Damaged checkpoints are renamed ``<name>.damaged`` and reported with a warning naming the one used
     instead.
     """
     where = Path(where)
-    if where.suffix == ".ckpt" and not where.exists():  # "checkpoints/last.ckpt" before the first save
-        where = where.parent
+    first = "last.ckpt"
+    if where.suffix == ".ckpt":  # "checkpoints/last.ckpt": that file first, then the rest of its directory
+        where, first = where.parent, where.name
     damaged: list[str] = []
     chosen: Optional[Path] = None
-    for cand in _candidates(where):
+    for cand in _candidates(where, first):
         problem = checkpoint_problem(cand)
         if problem is None:
             if _resumable(cand):

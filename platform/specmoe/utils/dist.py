@@ -72,6 +72,9 @@ def dist_info() -> DistInfo:
     if "WORLD_SIZE" in env or "RANK" in env:  # launched by hand
         return DistInfo(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)),
                         int(env.get("NODE_RANK", env.get("GROUP_RANK", 0))), "env")
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:  # a SLURM step Lightning refuses (it will say why)
+        return DistInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
+                        int(env.get("SLURM_NODEID", 0)), "slurm-env")
     return DistInfo()
 
 
