@@ -27,6 +27,7 @@ import torch
 from specmoe.drafting.eagle3_model import Eagle3Config, Eagle3Model
 from specmoe.drafting.vocab_map import check_vocab_map
 from specmoe.errors import UserError
+from specmoe.utils.files import atomic_path
 
 __all__ = [
     "REQUIRED_SERVING_KEYS",
@@ -224,8 +225,7 @@ def save_eagle3(model: Eagle3Model, out_dir: str | Path, *, save_embed_tokens: b
         sd[k] = t.contiguous()
     wdt = dtype or model.fc.weight.dtype
     cfg = model.config.replace(torch_dtype=str(wdt).replace("torch.", ""))
-    tmp = out / (WEIGHTS_NAME + ".tmp")
-    save_file(sd, str(tmp), metadata={"format": "pt"})
-    tmp.replace(out / WEIGHTS_NAME)
+    with atomic_path(out / WEIGHTS_NAME) as tmp:
+        save_file(sd, str(tmp), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     return out

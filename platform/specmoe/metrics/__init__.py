@@ -4,6 +4,18 @@ step records, whether it applies to AR, how it aggregates), used by the evaluati
 ``platform compare`` and the plots. Adding a metric is one :func:`register` call in
 :mod:`specmoe.metrics.builtin` (or in a plugin module)."""
 
-from specmoe.metrics.registry import METRICS, BatchTiming, CellData, Metric, derive, get, names, register, summarize
+from specmoe.metrics.registry import (
+    METRICS,
+    BatchTiming,
+    CellData,
+    Metric,
+    derive,
+    get,
+    mean,
+    names,
+    register,
+    summarize,
+)
 
-__all__ = ["METRICS", "Metric", "CellData", "BatchTiming", "register", "get", "names", "summarize", "derive"]
+__all__ = ["METRICS", "Metric", "CellData", "BatchTiming", "register", "get", "names", "summarize", "derive",
+           "mean"]

@@ -20,7 +20,7 @@ def _layers_mean(per_layer: list[int] | None) -> float | None:
 
 
 def _step_mean(key: str):
-    return lambda d: mean(s[key] for s in d.steps)
+    return lambda d: mean(s[key] for s in d.steps if s.get(key) is not None)
 
 
 def _e(d: CellData) -> float | None:

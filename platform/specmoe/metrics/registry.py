@@ -111,7 +111,8 @@ METRICS: dict[str, Metric] = {}
 
 
 def register(metric: Metric) -> Metric:
-    """Add ``metric`` (its name must be new)."""
+    """Add ``metric`` (its name must be new; the built-ins always come first)."""
+    _ensure_builtin()
     if metric.name in METRICS:
         raise ValueError(f"metric '{metric.name}' is registered twice")
     if (metric.compute is None) == (metric.relative is None):

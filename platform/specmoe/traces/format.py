@@ -27,7 +27,6 @@ stores a sample twice.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,7 +34,7 @@ from typing import Any, Iterator
 import torch
 
 from specmoe.errors import UserError
-from specmoe.utils.files import atomic_write
+from specmoe.utils.files import atomic_path, atomic_write
 
 __all__ = ["TRACE_FORMAT", "TraceMeta", "SampleRecord", "SampleTrace", "ShardInfo", "TraceWriter",
            "TraceReader", "COLUMNS"]
@@ -161,9 +160,8 @@ class TraceWriter:
                                   for s in samples]),
         }
         cols = {k: v.to(COLUMNS[k]).contiguous() for k, v in cols.items()}
-        tmp = self.root / f"{stem}.safetensors.tmp"
-        save_file(cols, str(tmp), metadata={"format": TRACE_FORMAT, "split": split})
-        os.replace(tmp, self.root / f"{stem}.safetensors")
+        with atomic_path(self.root / f"{stem}.safetensors") as tmp:
+            save_file(cols, str(tmp), metadata={"format": TRACE_FORMAT, "split": split})
         info = ShardInfo(f"{stem}.safetensors", split, records)
         atomic_write(self.root / f"{stem}.json", json.dumps(
             {"file": info.file, "split": split, "samples": [asdict(r) for r in records]}))

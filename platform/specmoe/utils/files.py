@@ -2,7 +2,8 @@
 """Atomic file writes and inter-process file locks.
 
 * :func:`atomic_write` writes through a temporary file in the same directory and an ``os.replace``, so a
-  reader (or a process killed mid-write) never sees half a file.
+  reader (or a process killed mid-write) never sees half a file; :func:`atomic_path` does the same for
+  writers that want a path (``safetensors.save_file``).
 * :class:`FileLock` is an exclusive ``flock`` on ``<path>``; the holder writes who it is into the lock file,
   so a process that has to wait can say who it waits for. The lock is released when the holder exits,
   however it dies (the kernel drops ``flock`` locks with the process), so a killed run never leaves a stale
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,28 +20,42 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-__all__ = ["atomic_write", "atomic_write_json", "FileLock", "LockTimeout", "holder_text"]
+__all__ = ["atomic_write", "atomic_write_json", "atomic_path", "FileLock", "LockTimeout", "holder_text"]
 
 logger = logging.getLogger(__name__)
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
-    """Write ``data`` (text or bytes) to ``path`` atomically; creates the parent directory."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; when the block ends without error it becomes ``path``
+    (``os.replace``), otherwise it is removed. Creates the parent directory.
+
+    Example::
+
+        with atomic_path(out / "model.safetensors") as tmp:
+            save_file(state, str(tmp))
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data)
+        yield tmp
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
-    return path
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` (text or bytes) to ``path`` atomically; creates the parent directory."""
+    with atomic_path(path) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data)
+    return Path(path)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: Optional[int] = None) -> Path:
