@@ -24,21 +24,12 @@ from specmoe.errors import UserError
 from specmoe.stages.state import list_stages
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-TESTS = Path(__file__).resolve().parents[1]
 
 
 def _recipe(tmp: Path, body: str, name: str = "faults") -> Path:
-    path = tmp / f"{name}.yaml"
-    path.write_text(textwrap.dedent(f"""
-        name: {name}
-        imports: [fixtures.stages]
-        cache_dir: {tmp}/cache
-        output_dir: {tmp}/runs
-        data_dir: {DATA}
-        stages:
-          - {{id: first, name: test_controlled, control: {tmp}/first.json, label: first}}
-    """) + textwrap.dedent(body))
-    return path
+    from fixtures.stages import stage_recipe
+
+    return stage_recipe(tmp, f"data_dir: {DATA}\n" + textwrap.dedent(body), name)
 
 
 def _free_port() -> int:
@@ -205,30 +196,13 @@ def test_partial_trainer_override_keeps_the_stage_defaults(tmp_path):
 
 
 # ------------------------------------------------------------------ a third-party plugin reuses a built-in name
-def _fake_distribution(site: Path) -> None:
-    (site / "lab_dup.py").write_text(textwrap.dedent("""
-        from dataclasses import dataclass
-        from specmoe.interfaces.selector import Selector
-        class MySelector(Selector):
-            @dataclass
-            class Config:
-                pass
-            def select(self, tree, budget, experts=None, buffer=None):
-                return tree.valid & (tree.depth == 0)
-    """))
-    info = site / "lab_dup-0.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-dup\nVersion: 0.3\n")
-    (info / "entry_points.txt").write_text("[specmoe.selectors]\necospec = lab_dup:MySelector\n"
-                                           "lab_root = lab_dup:MySelector\n")
-
-
 def test_third_party_duplicate_of_a_builtin_name(tmp_path, monkeypatch, capsys, caplog):
+    from fixtures.dists import fake_distribution
+
     from specmoe.registry import DuplicatePluginError, selectors
 
-    site = tmp_path / "site"
-    site.mkdir()
-    _fake_distribution(site)
+    site = fake_distribution(tmp_path / "site", "lab-dup", "0.3", "lab_dup", {
+        "specmoe.selectors": {"ecospec": "lab_dup:MySelector", "lab_root": "lab_dup:MySelector"}})
     monkeypatch.syspath_prepend(str(site))
     selectors._clear()
     try:

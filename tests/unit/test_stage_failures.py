@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import textwrap
 import threading
 from pathlib import Path
 
@@ -20,18 +19,9 @@ from specmoe.stages.state import list_stages, read_state
 
 
 def write_recipe(tmp: Path, tracking: str = "{enabled: false}", name: str = "st") -> Path:
-    path = tmp / f"{name}.yaml"
-    path.write_text(textwrap.dedent(f"""
-        name: {name}
-        imports: [fixtures.stages]
-        cache_dir: {tmp}/cache
-        output_dir: {tmp}/runs
-        tracking: {tracking}
-        stages:
-          - {{id: first, name: test_controlled, control: {tmp}/first.json, label: first}}
-          - {{id: second, name: test_controlled, control: {tmp}/second.json, label: second, after: "stage:first"}}
-    """))
-    return path
+    from fixtures.stages import stage_recipe
+
+    return stage_recipe(tmp, f"tracking: {tracking}\n", name, stages="first,second")
 
 
 def control(tmp: Path, stage: str, **what) -> None:

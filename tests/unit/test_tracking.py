@@ -236,41 +236,25 @@ def test_metric_and_tag_names():
 
 def test_plugin_params_name_the_distribution_of_each_plugin(tmp_path, monkeypatch):
     """Built-ins and third-party plugins record their distribution and version (also on Python 3.10/3.11)."""
-    import textwrap
+    from fixtures.dists import fake_distribution
 
     from specmoe.config.schema import Component
     from specmoe.registry import selectors
     from specmoe.tracking import plugin_params
 
-    site = tmp_path / "site"
-    (site / "lab_sel").mkdir(parents=True)
-    (site / "lab_sel" / "__init__.py").write_text(textwrap.dedent("""
-        from dataclasses import dataclass
-        from specmoe.interfaces.selector import Selector
-        class Root(Selector):
-            @dataclass
-            class Config:
-                pass
-            def select(self, tree, budget, experts=None, buffer=None):
-                return tree.valid & (tree.depth == 0)
-    """))
-    info = site / "lab_sel-2.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-sel\nVersion: 2.1\n")
-    (info / "RECORD").write_text("lab_sel/__init__.py,,\n")
-    (info / "top_level.txt").write_text("lab_sel\n")
-    (info / "entry_points.txt").write_text("[specmoe.selectors]\nroot_first = lab_sel:Root\n")
+    site = fake_distribution(tmp_path / "site", "lab-sel", "2.1", "lab_sel",
+                             {"specmoe.selectors": {"root_first": "lab_sel:MySelector"}})
     monkeypatch.syspath_prepend(str(site))
     selectors._clear()
     try:
         got = plugin_params([Component("root_first", {}, "selector"), Component("ecospec", {}, "selector"),
-                             Component("lab_sel:Root", {}, "selector"), Component("hf", {}, "target"), None])
+                             Component("lab_sel:MySelector", {}, "selector"), Component("hf", {}, "target"), None])
     finally:
         selectors._clear()
     from importlib.metadata import version
 
     assert got["plugin.selector.root_first"] == "lab-sel 2.1"
-    assert got["plugin.selector.lab_sel:Root"] == "lab-sel 2.1"  # named by import path: its module's dist
+    assert got["plugin.selector.lab_sel:MySelector"] == "lab-sel 2.1"  # named by import path: its module's dist
     assert got["plugin.selector.ecospec"] == got["plugin.target.hf"] == f"specmoe {version('specmoe')}"
 
 

@@ -19,8 +19,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import logging
 import os
@@ -38,6 +36,7 @@ from specmoe.tracking.schema import (
     METRICS_PER_BATCH,
     PARAMS_PER_BATCH,
     flatten_params,
+    records_csv,
     safe_key,
 )
 from specmoe.tracking.uri import check_uri, resolve_uri, sqlite_path
@@ -120,16 +119,8 @@ class RunHandle:
         if path.endswith(".json"):
             self._client.log_text(self.run_id, json.dumps(list(rows), default=str), path)
             return
-        cols: dict[str, None] = {}
-        for row in rows:
-            cols.update(dict.fromkeys(row))
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(cols), lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v
-                             for k, v in row.items()})
-        self._client.log_text(self.run_id, buf.getvalue(), path)
+        text = records_csv(rows, lambda v: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v)
+        self._client.log_text(self.run_id, text, path)
 
     def log_figure(self, fig: Any, path: str, close: bool = True) -> None:
         """Log a matplotlib figure as an image artifact (PNG unless ``path`` says otherwise)."""

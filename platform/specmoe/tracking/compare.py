@@ -13,8 +13,6 @@ the same temperature and batch size (AR has no γ) appear in every γ's table in
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
 import os
 import re
@@ -26,7 +24,7 @@ from specmoe.errors import UserError
 from specmoe.evaluation.results import CellResult
 from specmoe.metrics import get as get_metric
 from specmoe.metrics import names as metric_names
-from specmoe.tracking.schema import CELL_KIND
+from specmoe.tracking.schema import CELL_KIND, records_csv
 
 __all__ = ["Block", "Table", "DEFAULT_METRICS", "TABLE3_METRICS", "resolve_uri", "load_cells",
            "group_blocks", "table1", "table3", "build_tables", "render", "compare", "speedup_by_gamma"]
@@ -315,15 +313,7 @@ def _render_markdown(t: Table) -> str:
 
 
 def _render_csv(tables: Sequence[Table]) -> str:
-    records = [r for t in tables for r in t.records]
-    cols: dict[str, None] = {}
-    for r in records:
-        cols.update(dict.fromkeys(r))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(cols), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in records)
-    return buf.getvalue()
+    return records_csv((r for t in tables for r in t.records), lambda v: "" if v is None else v)
 
 
 def render(tables: Sequence[Table], fmt: str = "text") -> str:

@@ -8,12 +8,14 @@ One parent run per recipe run (``specmoe.kind=recipe``), one nested run per eval
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from dataclasses import is_dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["CELL_METRICS", "CELL_TAGS", "CELL_OPTIONAL_TAGS", "CELL_KIND", "PARENT_KIND", "ERROR_TAG",
+__all__ = ["records_csv", "CELL_METRICS", "CELL_TAGS", "CELL_OPTIONAL_TAGS", "CELL_KIND", "PARENT_KIND", "ERROR_TAG",
            "ERROR_ARTIFACT", "RECIPE_HASH_TAG", "cell_tags", "cell_run_name", "flatten_params", "safe_key",
            "MAX_TAG_VALUE", "PARAMS_PER_BATCH", "METRICS_PER_BATCH"]
 
@@ -112,3 +114,17 @@ def flatten_params(obj: Any, prefix: str = "") -> dict[str, str]:
 def safe_key(key: str) -> str:
     key = _BAD_KEY_CHARS.sub("_", key).strip("/") or "_"
     return key[:MAX_KEY]
+
+
+def records_csv(rows: Iterable[Mapping[str, Any]], value: Callable[[Any], Any] = lambda v: v) -> str:
+    """Rows as CSV text: the columns are the union of the rows' keys in order of first appearance, each value
+    written as ``value(v)``."""
+    rows = list(rows)
+    cols: dict[str, None] = {}
+    for row in rows:
+        cols.update(dict.fromkeys(row))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(cols), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: value(v) for k, v in row.items()} for row in rows)
+    return buf.getvalue()
