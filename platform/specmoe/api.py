@@ -126,9 +126,15 @@ def _run(cfg: RunConfig, data_dir: Path | None) -> RunResult:
             raise
         except Exception as exc:
             log = _write_log(run_dir, exc)
-            raise RunFailure(f"run of recipe '{cfg.name}'", exc, log=str(log), hint=(
-                "this looks like a bug in specmoe or in a plugin: finished stages and evaluation groups are "
-                "kept, so a rerun continues; report it with the log")) from exc
+            if type(exc).__module__.startswith("mlflow"):
+                what, hint = f"tracking (MLflow at {getattr(tracker, 'uri', '?')})", (
+                    "check the tracking store, or rerun with tracking.enabled=false: finished stages and "
+                    "evaluation groups are kept")
+            else:
+                what, hint = f"run of recipe '{cfg.name}'", (
+                    "this looks like a bug in specmoe or in a plugin: finished stages and evaluation groups are "
+                    "kept, so a rerun continues; report it with the log")
+            raise RunFailure(what, exc, log=str(log), hint=hint) from exc
 
 
 def _write_log(run_dir: Path, exc: BaseException) -> Path:

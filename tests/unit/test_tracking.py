@@ -271,3 +271,32 @@ def test_check_uri_sqlite_and_schemes(tmp_path):
         check_uri("htp://host:5000")
     check_uri("databricks")  # left to MLflow (credentials)
     check_uri(str(tmp_path / "mlruns"))  # a local path
+
+
+def test_check_uri_tells_a_tracking_server_from_another_http_server():
+    import http.server
+    import threading
+
+    from specmoe.errors import UserError
+    from specmoe.tracking import check_uri
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if "/api/2.0/mlflow/" in self.path and self.server.mlflow else 404)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        server.mlflow = False
+        with pytest.raises(UserError, match=r"answers, but not as an MLflow tracking server \(HTTP 404"):
+            check_uri(uri)
+        server.mlflow = True
+        check_uri(uri)
+    finally:
+        server.shutdown()

@@ -87,3 +87,24 @@ def check_uri(uri: str, timeout: float = 5.0) -> None:
         if why is not None:
             raise UserError(f"tracking URI '{uri}' is not reachable: {host}:{port} {why.lower()} (checked in "
                             f"{time.monotonic() - t0:.1f} s, before any work); {_FIX}")
+        if base in ("http", "https"):
+            _check_server(uri, timeout)
+
+
+def _check_server(uri: str, timeout: float) -> None:
+    """Something answers at ``uri``: make sure it is an MLflow tracking server (its REST API answers)."""
+    import urllib.error
+    import urllib.request
+
+    url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):  # a server that wants credentials: MLflow sends them
+            return
+        raise UserError(f"tracking URI '{uri}' answers, but not as an MLflow tracking server (HTTP {exc.code} from "
+                        f"its REST API); {_FIX}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"tracking URI '{uri}' did not answer within {timeout:.0f} s ({reason}); {_FIX}") from None
