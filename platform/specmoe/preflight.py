@@ -43,7 +43,10 @@ def _check_component(comp: Component | None, where: str, problems: list[str]) ->
 def preflight(cfg: RunConfig, source: str = "recipe") -> dict[str, list[Any]]:
     """Raise :class:`UserError` listing every missing resource; return the loaded dataset samples."""
     problems: list[str] = []
-    need = cfg.requires.cuda_devices
+    need, memory = cfg.requires.cuda_devices, cfg.requires.gpu_memory_gb
+    if memory and not need:
+        problems.append("requires.gpu_memory_gb is set but requires.cuda_devices is 0: say how many GPUs of that "
+                        "memory the recipe needs")
     if need:
         try:
             import torch
@@ -54,13 +57,13 @@ def preflight(cfg: RunConfig, source: str = "recipe") -> dict[str, list[Any]]:
         if have < need:
             problems.append(f"requires.cuda_devices: this recipe needs {need} CUDA GPU(s); this machine has "
                             f"{have}. Run it on a GPU node (see README: multi-GPU / multi-node).")
-        elif cfg.requires.gpu_memory_gb:
+        elif memory:
             import torch
 
             mem = min(torch.cuda.get_device_properties(i).total_memory for i in range(have)) / 2**30
-            if mem < cfg.requires.gpu_memory_gb:
-                problems.append(f"requires.gpu_memory_gb: needs {cfg.requires.gpu_memory_gb} GB per GPU; the "
-                                f"smallest here has {mem:.0f} GB")
+            if mem < memory:
+                problems.append(f"requires.gpu_memory_gb: needs {memory} GB per GPU; the smallest here has "
+                                f"{mem:.0f} GB")
     if (cfg.methods or cfg.datasets) and cfg.target is None:
         problems.append("target: the recipe evaluates methods but names no target")
     _check_component(cfg.target, "target", problems)

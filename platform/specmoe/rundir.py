@@ -22,7 +22,7 @@ def make_run_dir(output_dir: str | Path, name: str, resolved: dict[str, Any], ov
     run.mkdir(parents=True, exist_ok=False)
     (run / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     (run / "overrides.txt").write_text("\n".join(overrides) + ("\n" if overrides else ""))
-    from specmoe.tracking.tracker import env_params
+    from specmoe.tracking.environment import env_params
 
     (run / "env.json").write_text(json.dumps(env_params(), indent=2))
     return run

@@ -98,11 +98,23 @@ def test_run_compare_cache_and_third_party_selector(tmp_path, tokenizer_dir, mon
         res = run_recipe(recipe)
         assert len(res.cells) == 2 * 4  # 2 temperatures x (ar + 3 methods)
         for c in res.cells:
-            if c["spec"]["temperature"] == 0:
-                assert c["metrics"]["matches_ar"] == 1.0, c["spec"]  # lossless at T = 0
+            if c.temperature == 0 and not c.autoregressive:
+                assert c.metrics["matches_ar"] == 1.0, c.label  # lossless at T = 0
         assert "eco" in res.table and "lab" in res.table
         assert (res.run_dir / "config.yaml").is_file() and (res.run_dir / "eval" / "table.md").is_file()
         assert any(p.name.startswith("fig1a") for p in (res.run_dir / "eval" / "plots").iterdir())
+        # one table per setting (AR joins it: no table of its own), built once and logged once
+        assert res.table.count("Table 1 —") == 2 and "γ=1" not in res.table
+        import mlflow
+
+        client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+        assert {f.path for f in client.list_artifacts(res.run_id, "comparison")} == {
+            "comparison/tables.md", "comparison/tables.csv"}
+        (tmp_path / "dl").mkdir()
+        logged = Path(client.download_artifacts(res.run_id, "comparison/tables.md", str(tmp_path / "dl")))
+        assert logged.read_text() == (res.run_dir / "eval" / "table.md").read_text()
+        params = client.get_run(res.run_id).data.params
+        assert params["plugin.selector.ecospec"].startswith("specmoe ") and "plugin.selector.shallow_first" in params
         # another process reads the runs through MLflow
         out = subprocess.run([sys.executable, "-m", "specmoe", "compare", "--experiment", "pipe", "--uri",
                               f"sqlite:///{tmp_path}/mlflow.db"], capture_output=True, text=True, timeout=300)
@@ -110,7 +122,7 @@ def test_run_compare_cache_and_third_party_selector(tmp_path, tokenizer_dir, mon
         assert "eco" in out.stdout and "gsm8k" in out.stdout
         # rerun: every cell comes from the cache
         res2 = run_recipe(recipe)
-        assert all(c["cached"] for c in res2.cells)
+        assert all(c.cached for c in res2.cells)
     finally:
         selectors._clear()
 
@@ -124,18 +136,21 @@ def test_killed_during_evaluation_resumes(tmp_path, tokenizer_dir):
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cells = tmp_path / "cache" / "eval"
     deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        if cells.is_dir() and len(list(cells.glob("*.json"))) >= 3:
+    while time.time() < deadline and proc.poll() is None:  # one group finished, the next one started
+        if len(list(cells.glob("*/cells.json"))) >= 1 and list(cells.glob("*/batch-*.json")):
             break
-        time.sleep(0.2)
+        time.sleep(0.1)
     assert proc.poll() is None, "the run finished before it could be killed; make it longer"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    done_before = {p.name for p in cells.glob("*.json")}
+    done_before = {p.parent.name for p in cells.glob("*/cells.json")}
+    batches_before = {p.parent.name: p.read_text() for p in cells.glob("*/batch-*.json")}
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    done_after = {p.name for p in cells.glob("*.json")}
-    assert done_before < done_after and len(done_after) == 2 * 2 * 3  # temps x datasets x methods
+    done_after = {p.parent.name for p in cells.glob("*/cells.json")}
+    assert done_before < done_after and len(done_after) == 2 * 2  # temperatures x datasets
+    if batches_before:  # the group in flight kept its finished prompt batches and continued after them
+        assert "already measured; continuing" in out.stderr
     import mlflow
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")

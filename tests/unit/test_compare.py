@@ -9,20 +9,18 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from specmoe.cli.ui import ui_command
 from specmoe.config.schema import TrackingConfig
 from specmoe.errors import UserError
+from specmoe.evaluation.results import CellResult
 from specmoe.tracking import Tracker, cell_run_name, cell_tags
 from specmoe.tracking.compare import (
-    Cell,
     build_tables,
     compare,
     load_cells,
-    log_comparison,
     render,
     resolve_uri,
     speedup_by_gamma,
@@ -77,7 +75,7 @@ def _log_cells(
 ) -> None:
     for temp in temps:
         for (method, ds), metrics in values.items():
-            tags = cell_tags(method, ds, temp, 4, 1, parent=parent_id)
+            tags = cell_tags(method, ds, temp, 1 if method == "ar" else 4, 1, parent=parent_id)
             m = dict(metrics)
             if temp > 0 and method != "ar":
                 m.update(speedup=m["speedup"] - 0.1, E=m["E"] + 1)
@@ -153,7 +151,7 @@ def test_table3_text(runs):
         "T_verify",
         "T_total",
         "α",
-        "Speedup",
+        "Spd",
     ]
     rows = _rows(text, block.splitlines()[0])
     assert rows["ar"] == ["8.0", "-", "-", "-", "60.00ms†", "1.00", "1.00x"]
@@ -211,11 +209,14 @@ def test_run_selection(runs):
         load_cells(runs["uri"], "nope")
 
 
+def _cell(method, ds, temperature, budget, metrics, ar=False, analysis=False, order=0):
+    return CellResult(method, ds, temperature, budget, 1, metrics, autoregressive=ar, analysis_only=analysis,
+                      run_id="id", parent="p", order=order)
+
+
 def test_analysis_only_and_ar_tag():
     def cell(method, ds, spd, ar=False, analysis=False):
-        return Cell(
-            "id", "p", method, ds, 0.0, 4, 1, 0, {"speedup": spd, "alpha": 2.0, "E": 10.0}, ar, analysis
-        )
+        return _cell(method, ds, 0.0, 1 if ar else 4, {"speedup": spd, "alpha": 2.0, "E": 10.0}, ar, analysis)
 
     tables = build_tables(
         [
@@ -233,47 +234,42 @@ def test_analysis_only_and_ar_tag():
     assert "* analysis only" in text
 
 
-def test_ar_shared_across_budgets_and_small_times():
+def test_one_table_per_setting_ar_shared_across_budgets_and_small_times():
     def cell(method, ds, budget, t_pred, ar=False):
         metrics = {"speedup": 1.2, "alpha": 2.0, "E": 10.0, "t_pred": t_pred, "t_total": 0.004}
-        return Cell("id", "p", method, ds, 0.0, budget, 1, 0, metrics, ar)
+        return _cell(method, ds, 0.0, budget, metrics, ar)
 
-    cells = [cell("ar", "a", 4, 0.0, ar=True), cell("ar", "zz", 4, 0.0, ar=True),
+    # AR is measured once per (T, batch size) with γ = 1: it joins every γ's table, and makes none of its own
+    cells = [cell("ar", "a", 1, 0.0, ar=True), cell("ar", "zz", 1, 0.0, ar=True),
              cell("eco", "a", 3, 1.23e-5), cell("eco", "a", 4, 2e-3)]
     text = render(build_tables(cells), "text")
+    titles = [b.splitlines()[0] for b in text.split("\n\n")]
+    assert [t for t in titles if t.startswith("Table 1")] == [
+        "Table 1 — T=0 (greedy), γ=3, batch size 1 — cells: Spd / α / E",
+        "Table 1 — T=0 (greedy), γ=4, batch size 1 — cells: Spd / α / E"]
     g3 = next(b for b in text.split("\n\n") if b.startswith("Table 1") and "γ=3" in b)
     assert g3.splitlines()[1].split() == ["Method", "a", "Average"]  # the AR-only dataset is not added
     assert _rows(text, g3.splitlines()[0])["ar"] == ["1.00x / - / 10.0"] * 2
     t3 = next(b for b in text.split("\n\n") if b.startswith("Table 3") and "γ=3" in b)
     assert _rows(text, t3.splitlines()[0])["eco"][1:5] == ["0.012ms", "n/a", "n/a", "4.00ms"]
+    only_ar = render(build_tables([cell("ar", "a", 1, 0.0, ar=True)]), "text")
+    assert only_ar.startswith("Table 1 — T=0 (greedy), batch size 1")  # no γ for AR alone
 
 
 def test_speedup_by_gamma():
     cells = [
-        Cell("i", "p", m, ds, t, g, 1, 0, {"speedup": spd})
+        _cell(m, ds, t, g, {"speedup": spd})
         for m, ds, t, g, spd in [
             ("eco", "a", 0.0, 3, 1.2),
             ("eco", "b", 0.0, 3, 1.4),
             ("eco", "a", 0.0, 4, 1.5),
             ("eco", "a", 1.0, 4, 9.0),
-            ("ar", "a", 0.0, 4, 1.0),
+            ("ar", "a", 0.0, 1, 1.0),
         ]
     ]
-    cells[-1].ar = True
+    cells[-1].autoregressive = True
     assert speedup_by_gamma(cells) == {"eco": {3: pytest.approx(1.3), 4: 1.5}}
     assert speedup_by_gamma(cells, temperature=1.0) == {"eco": {4: 9.0}}
-
-
-def test_log_comparison_to_parent(runs, tmp_path):
-    tracker = runs["tracker"]
-    md = log_comparison(tracker, runs["new"])
-    assert "### Table 3" in md
-    names = {f.path for f in tracker.client.list_artifacts(runs["new"], "comparison")}
-    assert names == {"comparison/tables.md", "comparison/tables.csv"}
-    got = Path(
-        tracker.client.download_artifacts(runs["new"], "comparison/tables.md", str(tmp_path))
-    ).read_text()
-    assert got == md
 
 
 def _env() -> dict[str, str]:

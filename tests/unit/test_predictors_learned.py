@@ -151,6 +151,41 @@ def test_train_predictor_stage_outputs(traces, trained):
     assert (out / "logs" / "metrics.csv").read_text().count("val/acc") >= 1
 
 
+def test_train_predictor_survives_a_truncated_last_checkpoint(traces, trained, tmp_path, caplog):
+    """A killed save leaves half a last.ckpt: the rerun says so, keeps it aside and trains (no traceback)."""
+    import logging
+    import shutil
+
+    src, first = trained
+    out = tmp_path / "predictor"
+    shutil.copytree(src, out)
+    last = out / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])
+    cls = stages.get("train_predictor")
+    with caplog.at_level(logging.WARNING):
+        summary = cls(cls.Config(traces=str(traces), lr=3e-3, max_len=16, batch_size=4, milestones=[],
+                                 trainer={"max_epochs": 2, "accelerator": "cpu", "enable_progress_bar": False,
+                                          "num_threads": 1, "log_every_n_steps": 1})).run(out, StageContext())
+    assert "damaged checkpoint" in caplog.text and "last.ckpt" in caplog.text
+    assert (out / "checkpoints" / "last.ckpt.damaged").is_file()  # kept for inspection, never deleted
+    assert summary["global_step"] == first["global_step"]  # trained its whole budget again from step 0
+
+
+def test_platform_traces_evaluate(target, traces, capsys):
+    import json
+
+    from specmoe.cli.main import main
+
+    assert main(["traces", "evaluate", "--traces", str(traces), "-p", "router_on_embedding",
+                 "--max-samples", "1"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("router_on_embedding: acc=")
+    res = json.loads(out[-1])["router_on_embedding"]
+    assert 0.0 <= res["acc"] <= 1.0 and res["samples"] == 1
+    assert main(["traces", "evaluate", "--traces", str(traces), "-p", "token_table:path"]) == 2
+    assert "is not KEY=VALUE" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------- token table
 def _write_traces(root, rows):
     """Hand-made traces for a (L=3, E=8, K=2) target: ``rows`` = [(token ids, [T, 3, 2] routing)]."""

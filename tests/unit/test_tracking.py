@@ -225,20 +225,78 @@ def test_env_params():
 
 
 def test_metric_and_tag_names():
-    assert CELL_METRICS == (
-        "speedup",
-        "alpha",
-        "E",
-        "E_pred",
-        "expert_bytes_per_step",
-        "t_pred",
-        "t_draft",
-        "t_select",
-        "t_verify",
-        "t_total",
-        "rho",
-        "tokens_per_s",
-        "predictor_accuracy",
-        "matches_ar",
-    )
+    from specmoe.metrics import METRICS
+
+    assert CELL_METRICS == tuple(METRICS)  # the cell metrics are the registry's
+    assert {"speedup", "alpha", "E", "E_pass", "E_pred", "expert_bytes_per_step", "t_pred", "t_draft",
+            "t_select", "t_verify", "t_total", "rho", "tokens_per_s", "predictor_accuracy",
+            "matches_ar"} <= set(CELL_METRICS)
     assert set(cell_tags("m", "d", 0.5, 3, 8, parent="p")) == set(CELL_TAGS)
+
+
+def test_plugin_params_name_the_distribution_of_each_plugin(tmp_path, monkeypatch):
+    """Built-ins and third-party plugins record their distribution and version (also on Python 3.10/3.11)."""
+    from fixtures.dists import fake_distribution
+
+    from specmoe.config.schema import Component
+    from specmoe.registry import selectors
+    from specmoe.tracking import plugin_params
+
+    site = fake_distribution(tmp_path / "site", "lab-sel", "2.1", "lab_sel",
+                             {"specmoe.selectors": {"root_first": "lab_sel:MySelector"}})
+    monkeypatch.syspath_prepend(str(site))
+    selectors._clear()
+    try:
+        got = plugin_params([Component("root_first", {}, "selector"), Component("ecospec", {}, "selector"),
+                             Component("lab_sel:MySelector", {}, "selector"), Component("hf", {}, "target"), None])
+    finally:
+        selectors._clear()
+    from importlib.metadata import version
+
+    assert got["plugin.selector.root_first"] == "lab-sel 2.1"
+    assert got["plugin.selector.lab_sel:MySelector"] == "lab-sel 2.1"  # named by import path: its module's dist
+    assert got["plugin.selector.ecospec"] == got["plugin.target.hf"] == f"specmoe {version('specmoe')}"
+
+
+def test_check_uri_sqlite_and_schemes(tmp_path):
+    from specmoe.errors import UserError
+    from specmoe.tracking import check_uri
+
+    check_uri(f"sqlite:///{tmp_path}/a/b/mlflow.db")  # creates the directory
+    assert (tmp_path / "a" / "b").is_dir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="cannot create"):
+        check_uri(f"sqlite:///{tmp_path}/file/sub/mlflow.db")
+    with pytest.raises(UserError, match="unknown scheme 'htp'"):
+        check_uri("htp://host:5000")
+    check_uri("databricks")  # left to MLflow (credentials)
+    check_uri(str(tmp_path / "mlruns"))  # a local path
+
+
+def test_check_uri_tells_a_tracking_server_from_another_http_server():
+    import http.server
+    import threading
+
+    from specmoe.errors import UserError
+    from specmoe.tracking import check_uri
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if "/api/2.0/mlflow/" in self.path and self.server.mlflow else 404)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        server.mlflow = False
+        with pytest.raises(UserError, match=r"answers, but not as an MLflow tracking server \(HTTP 404"):
+            check_uri(uri)
+        server.mlflow = True
+        check_uri(uri)
+    finally:
+        server.shutdown()

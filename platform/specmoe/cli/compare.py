@@ -8,12 +8,19 @@ import argparse
 __all__ = ["add_parser", "run"]
 
 
+def _metric_names() -> tuple[str, ...]:
+    from specmoe.metrics import names
+
+    return names()
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
         help="Table 1 (Spd / α / E) and Table 3 (latency breakdown) from MLflow runs",
         description="Print the paper's Table 1 (rows methods, columns datasets + Average) and Table 3 "
-        "(latency breakdown) built from the finished cell runs of an MLflow experiment. "
+        "(latency breakdown) built from the finished cell runs of an MLflow experiment, one table per "
+        "setting (temperature, γ, batch size; AR joins every γ of its temperature and batch size). "
         "By default only the latest recipe run (parent run) is used.",
     )
     p.add_argument(
@@ -24,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         default=["speedup", "alpha", "E"],
         metavar="METRIC",
-        help="metrics shown in each Table 1 cell, in order (default: speedup alpha E)",
+        help="metrics shown in each Table 1 cell, in order (default: speedup alpha E); any of: "
+        + ", ".join(_metric_names()),
     )
     p.add_argument("--uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     which = p.add_mutually_exclusive_group()

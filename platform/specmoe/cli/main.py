@@ -19,6 +19,8 @@ SUBCOMMANDS = {
     "compare": "specmoe.cli.compare",
     "ui": "specmoe.cli.ui",
     "bench": "specmoe.cli.bench",
+    "cache": "specmoe.cli.cache",
+    "traces": "specmoe.cli.traces",
 }
 
 
@@ -26,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="platform", description="specmoe: cost-aware speculative decoding for MoE LLMs")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of a failure")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in SUBCOMMANDS.values():
         try:
@@ -45,7 +48,10 @@ def _not_printed_by_lightning(record: logging.LogRecord) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # accepted anywhere on the line: `platform run x.yaml --debug`
+    args = parser.parse_args([a for a in argv if a != "--debug"])
+    args.debug = debug
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
@@ -53,20 +59,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    from specmoe.cli.failure import report_failure
     from specmoe.config.errors import ConfigError
-    from specmoe.errors import UserError
 
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
         print(exc.report(), file=sys.stderr)
         return 2
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - every failure ends in one message (the log has the traceback)
+        return report_failure(exc, args.command, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -277,6 +277,6 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (), *, check_plugin
     validator.check_stage_refs(cfg)
     if problems:
         raise ConfigError(problems)
-    cfg.source = str(path)  # type: ignore[attr-defined]
-    cfg.overrides = list(overrides)  # type: ignore[attr-defined]
+    cfg.source = str(path)
+    cfg.overrides = list(overrides)
     return cfg

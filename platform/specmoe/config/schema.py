@@ -9,7 +9,7 @@ Fields holding components carry ``metadata={"kind": <kind>}``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 __all__ = ["Component", "StageSpec", "DecodingConfig", "MethodConfig", "EvalConfig", "TrackingConfig",
            "RequiresConfig", "RunConfig", "component"]
@@ -77,12 +77,15 @@ class DecodingConfig:
     top_k: int = 2
     """branching factor of the draft tree."""
     max_new_tokens: int = 128
-    temperature: float = 0.0
-    """0 = greedy; > 0 samples from softmax(logits / T) of the target (lossless)."""
-    batch_size: int = 1
     stop_strings: list[str] = field(default_factory=list)
     """generation of a row stops at the first token where the decoded output contains one of these."""
     ignore_eos: bool = False
+
+    #: keys of earlier versions, with what replaces them (reported by validation)
+    removed_keys: ClassVar[dict[str, str]] = {
+        "temperature": "set the temperatures of the evaluation grid with eval.temperatures: [0.0, 1.0]",
+        "batch_size": "set the batch sizes of the evaluation grid with eval.batch_sizes: [1, 4]",
+    }
 
 
 @dataclass
@@ -137,7 +140,7 @@ class RunConfig:
 
     name: str
     description: str = ""
-    seed: int = 0
+    """free text, shown as the MLflow description of the recipe's runs."""
     imports: list[str] = field(default_factory=list)
     """modules or ``.py`` files imported before plugins are resolved (ad-hoc ``@register`` code)."""
     variables: dict[str, Any] = field(default_factory=dict)
@@ -154,3 +157,11 @@ class RunConfig:
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    source: str = field(default="", metadata={"internal": True})
+    """the recipe file this configuration was loaded from (set by the loader, not written in recipes)."""
+    overrides: list[str] = field(default_factory=list, metadata={"internal": True})
+    """the command-line overrides applied to it (set by the loader, not written in recipes)."""
+
+    removed_keys: ClassVar[dict[str, str]] = {
+        "seed": "seeds live where they act: eval.seed (decoding), each stage's and dataset's own seed",
+    }

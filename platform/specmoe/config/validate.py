@@ -38,12 +38,18 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, StageSpec):
         return {"id": obj.id, **to_plain(obj.component)}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not f.metadata.get("internal")}
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     return obj
+
+
+def _nested_config(obj: Any) -> bool:
+    """A dataclass instance holding options (not a component reference)."""
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, (type, Component, StageSpec))
 
 
 class Validator:
@@ -143,17 +149,28 @@ class Validator:
             self.error(path, f"expected {_type_name(tp)}, got {_describe(value)}")
         return value
 
-    def dataclass(self, value: Any, tp: type, path: str) -> Any:
+    def dataclass(self, value: Any, tp: type, path: str, defaults: Any = None) -> Any:
+        """Convert a mapping to the dataclass ``tp``. Keys the mapping leaves out take their values from
+        ``defaults`` (an instance of ``tp``: the default of the field holding this mapping) or else the
+        dataclass defaults; they are not validated again, so a partial mapping such as ``trainer:
+        {max_steps: 10}`` keeps every other option of the stage's own default, whatever its type."""
         if not isinstance(value, dict):
             self.error(path or "(top level)", f"expected a mapping for {tp.__name__}, got {_describe(value)}")
             return None
         hints = typing.get_type_hints(tp)
         flds = {f.name: f for f in dataclasses.fields(tp) if f.init}
+        removed = getattr(tp, "removed_keys", {})
         for k in value:
-            if k not in flds:
+            if k in removed:
+                self.error(self._join(path, k), f"this key was removed: {removed[k]}")
+            elif k not in flds:
                 close = difflib.get_close_matches(str(k), list(flds), n=1, cutoff=0.6)
                 hint = f" Did you mean '{close[0]}'?" if close else ""
-                self.error(self._join(path, k), f"unknown key.{hint} Valid keys here: {', '.join(flds)}")
+                valid = ", ".join(n for n, f in flds.items() if not f.metadata.get("internal"))
+                self.error(self._join(path, k), f"unknown key.{hint} Valid keys here: {valid}")
+            elif flds[k].metadata.get("internal"):
+                self.error(self._join(path, k), "is set by platform (from the command line), not by a recipe: "
+                                                "remove it")
         kwargs = {}
         for name, f in flds.items():
             key = self._join(path, name)
@@ -161,11 +178,14 @@ class Validator:
                 sub = value[name]
                 if isinstance(sub, dict) and "name" not in sub and f.metadata.get("name_default"):
                     sub = {"name": f.metadata["name_default"], **sub}
-                if isinstance(sub, dict) and f.default_factory is not dataclasses.MISSING:
-                    default = f.default_factory()
-                    if dataclasses.is_dataclass(default) and not isinstance(default, (type, Component)):
-                        sub = {**to_plain(default), **sub}  # a partial mapping keeps the field's own defaults
-                kwargs[name] = self.convert(sub, hints[name], key, f.metadata.get("kind"))
+                base = getattr(defaults, name) if defaults is not None else (
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+                if isinstance(sub, dict) and _nested_config(base):
+                    kwargs[name] = self.dataclass(sub, type(base), key, defaults=base)
+                else:
+                    kwargs[name] = self.convert(sub, hints[name], key, f.metadata.get("kind"))
+            elif defaults is not None:
+                kwargs[name] = getattr(defaults, name)
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 self.error(key, f"missing required key '{name}' ({_type_name(hints[name])})")
         try:

@@ -4,7 +4,8 @@
 A benchmark file is looked for, in this order:
 
 1. an explicit ``path`` from the recipe (when set, it must exist: it is never silently skipped);
-2. ``<data_dir>/<relative path>`` where ``data_dir`` is the dataset's ``data_dir`` option;
+2. ``<data_dir>/<relative path>`` where ``data_dir`` is the dataset's ``data_dir`` option, then the running
+   recipe's top-level ``data_dir`` (:func:`run_data_dir`);
 3. ``$SPECMOE_DATA_DIR/<relative path>`` (the same layout as the project's ``shared/data/`` folder:
    ``gsm8k/test.jsonl``, ``humaneval/HumanEval.jsonl.gz``, ...);
 4. a file of a Hugging Face hub *dataset* repository, fetched with ``huggingface_hub.hf_hub_download``.
@@ -17,6 +18,8 @@ Readers understand ``.jsonl``, ``.jsonl.gz`` (gzip), ``.json`` (an array of reco
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import gzip
 import json
 import os
@@ -27,10 +30,24 @@ from typing import Any, Optional
 
 from specmoe.errors import UserError
 
-__all__ = ["DATA_DIR_ENV", "DataRequest", "hub_offline", "locate", "read_records"]
+__all__ = ["DATA_DIR_ENV", "DataRequest", "hub_offline", "locate", "read_records", "run_data_dir"]
 
 #: environment variable naming a data directory laid out like ``shared/data/``
 DATA_DIR_ENV = "SPECMOE_DATA_DIR"
+#: the running recipe's ``data_dir`` (set by :func:`run_data_dir` for the duration of a run)
+_RUN_DATA_DIR: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("specmoe_run_data_dir", default=None)
+
+
+@contextlib.contextmanager
+def run_data_dir(path: Optional[str]):
+    """Within this block datasets also look under ``path`` (after their own ``data_dir`` option, before
+    ``$SPECMOE_DATA_DIR``): how a recipe's top-level ``data_dir`` reaches them without touching
+    ``os.environ``."""
+    token = _RUN_DATA_DIR.set(str(path) if path else None)
+    try:
+        yield
+    finally:
+        _RUN_DATA_DIR.reset(token)
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -98,7 +115,8 @@ def locate(req: DataRequest) -> Path:
                         f"(resolved to {p.resolve()}). Fix the path, or remove `path` to use "
                         f"`data_dir`, ${DATA_DIR_ENV} or the hub.")
     tried.append("recipe `path`: not set")
-    roots = (("`data_dir` option", req.data_dir), (f"${DATA_DIR_ENV}", os.environ.get(DATA_DIR_ENV)))
+    roots = (("`data_dir` option", req.data_dir), ("the recipe's `data_dir`", _RUN_DATA_DIR.get()),
+             (f"${DATA_DIR_ENV}", os.environ.get(DATA_DIR_ENV)))
     for label, root in roots:
         if not root:
             tried.append(f"{label}: not set")

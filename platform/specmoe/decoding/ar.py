@@ -58,6 +58,8 @@ def ar_generate(target: Target, prompts: Sequence[Sequence[int]], *, temperature
         t1 = time.perf_counter()
         act = torch.tensor(active, device=dev)
         e_layers = experts_per_layer(out.routing, act[:, None], target.num_experts) if capture_routing else []
+        e_pass = experts_per_layer(out.routing, torch.ones_like(act[:, None]), target.num_experts) \
+            if capture_routing else None
         accepted = []
         for b in range(bsz):
             if not active[b]:
@@ -71,6 +73,6 @@ def ar_generate(target: Target, prompts: Sequence[Sequence[int]], *, temperature
         _sync(dev)
         t2 = time.perf_counter()
         records.append(StepRecord(accepted=accepted, verified=[1] * len(accepted), experts_per_layer=e_layers,
-                                  t_verify=t1 - t0, t_total=t2 - t0))
+                                  t_verify=t1 - t0, t_total=t2 - t0, pass_experts_per_layer=e_pass))
     return Generation(tokens=outputs, steps=records, wall_time=time.perf_counter() - t_start,
                       prefill_time=prefill)

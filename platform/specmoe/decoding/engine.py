@@ -241,7 +241,9 @@ class SpeculativeEngine:
             records.append(StepRecord(accepted=accepted, verified=verified, experts_per_layer=e_layers,
                                       predicted_per_layer=pred_layers, t_draft=t1 - t0, t_pred=t2 - t1,
                                       t_select=t3 - t2, t_verify=t4 - t3, t_total=t5 - t0,
-                                      cumulative_experts=cumulative, pred_hits=hits, pred_total=total))
+                                      cumulative_experts=cumulative, pred_hits=hits, pred_total=total,
+                                      pass_experts_per_layer=experts_per_layer(
+                                          vout.routing, torch.ones_like(vt.valid), target.num_experts)))
         wall = time.perf_counter() - t_start
         return Generation(tokens=outputs, steps=records, wall_time=wall, prefill_time=prefill_time,
                           expert_counts=counts_le.tolist())

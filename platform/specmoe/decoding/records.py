@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Per-step records and per-generation results, with Spec-Bench metric definitions."""
+"""Per-step records and per-generation results (plain data; the metrics computed from them are declared in
+:mod:`specmoe.metrics`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["StepRecord", "Generation", "summarize"]
+__all__ = ["StepRecord", "Generation"]
 
 
 @dataclass
@@ -16,8 +17,11 @@ class StepRecord:
     Attributes:
         accepted: tokens appended per active row this step (accepted drafts + bonus; 1 for AR).
         verified: tokens the target processed per active row (selected nodes, root included).
-        experts_per_layer: unique experts activated in the verification pass, per MoE layer (across the
-            batch), from the target's router hooks.
+        experts_per_layer: unique experts activated by the verified tokens, per MoE layer (across the
+            batch; padding and finished rows excluded), from the target's router hooks.
+        pass_experts_per_layer: unique experts per MoE layer over every token that went through the
+            experts in this pass, padding of shorter rows and finished rows included (the work the pass
+            really did; equal to ``experts_per_layer`` at batch size 1). ``None`` when not recorded.
         predicted_per_layer: unique experts predicted for the verified nodes, per MoE layer (None without a
             predictor).
         t_draft, t_pred, t_select, t_verify, t_total: seconds (t_total includes acceptance and cache upkeep).
@@ -39,6 +43,7 @@ class StepRecord:
     """sum over verified tokens and MoE layers of |predicted top-K  &  router's top-K| (0 without predictor)."""
     pred_total: int = 0
     """verified tokens x MoE layers x K: ``pred_hits / pred_total`` is the top-K overlap accuracy."""
+    pass_experts_per_layer: list[int] | None = None
 
     @property
     def unique_experts(self) -> float:
@@ -75,39 +80,3 @@ class Generation:
     wall_time: float = 0.0
     prefill_time: float = 0.0
     expert_counts: list[list[int]] | None = None
-
-
-def summarize(gens: list[Generation], bytes_per_expert: int, num_moe_layers: int) -> dict[str, float]:
-    """Aggregate metrics over generations.
-
-    * ``alpha``: mean over steps and rows of tokens appended per step (Spec-Bench: bonus included).
-    * ``E``: mean unique experts per MoE layer per verification step.
-    * ``tokens_per_s``: mean over generations of (new tokens / wall time) (Spec-Bench per-question tok/s).
-    * ``expert_bytes_per_step``: E x MoE layers x bytes per expert (paper Table 2 estimate).
-    """
-    steps = [s for g in gens for s in g.steps]
-    acc = [a for s in steps for a in s.accepted]
-    n = max(len(steps), 1)
-    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-    e = mean([s.unique_experts for s in steps])
-    pred = [s.predicted_experts for s in steps if s.predicted_experts is not None]
-    tps = [sum(len(t) for t in g.tokens) / g.wall_time for g in gens if g.wall_time > 0]
-    out = {
-        "alpha": mean(acc),
-        "E": e,
-        "tokens_per_s": mean(tps),
-        "expert_bytes_per_step": e * num_moe_layers * bytes_per_expert,
-        "t_draft": sum(s.t_draft for s in steps) / n,
-        "t_pred": sum(s.t_pred for s in steps) / n,
-        "t_select": sum(s.t_select for s in steps) / n,
-        "t_verify": sum(s.t_verify for s in steps) / n,
-        "t_total": sum(s.t_total for s in steps) / n,
-        "steps": float(len(steps)),
-        "new_tokens": float(sum(len(t) for g in gens for t in g.tokens)),
-    }
-    if pred:
-        out["E_pred"] = mean(pred)
-    total = sum(s.pred_total for s in steps)
-    if total:
-        out["predictor_accuracy"] = sum(s.pred_hits for s in steps) / total
-    return out

@@ -1,85 +1,100 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One evaluation cell: a method on a dataset at one (temperature, gamma, batch size).
+"""One prompt batch of one method, and a cell built from its batches.
 
-Warm-up generations come first (untimed). Multi-turn samples (MT-Bench) generate each turn after the previous
-answer; a sample's tokens and time are summed over its turns (Spec-Bench per-question tok/s).
+:func:`run_batch` generates a batch of samples with one method (multi-turn samples such as MT-Bench generate
+each turn after the previous answer) and returns a plain, JSON-able record: the batch's seconds and new
+tokens (all turns summed: Spec-Bench per-question tokens/s), the outputs, the step records and the expert
+activation counts. :func:`build_cell` turns the records of every batch of a cell into a
+:class:`~specmoe.evaluation.results.CellResult` with its metrics (:func:`specmoe.metrics.summarize`). The
+evaluation stores these records as it goes, so a killed run resumes after its last finished batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from specmoe.decoding.records import summarize
 from specmoe.decoding.stopping import StopRule
-from specmoe.evaluation.method import Method
+from specmoe.evaluation.results import CellResult
 from specmoe.interfaces.dataset import Sample
+from specmoe.metrics import BatchTiming, CellData, summarize
 
-__all__ = ["CellSpec", "run_cell"]
+__all__ = ["run_batch", "warm_up", "build_cell", "cell_data", "add_counts"]
 
-
-@dataclass
-class CellSpec:
-    """Coordinates of a cell."""
-
-    method: str
-    dataset: str
-    temperature: float
-    budget: int
-    batch_size: int
-
-    def tags(self) -> dict[str, str]:
-        return {"specmoe.method": self.method, "specmoe.dataset": self.dataset,
-                "specmoe.temperature": str(self.temperature), "specmoe.budget": str(self.budget),
-                "specmoe.batch_size": str(self.batch_size)}
+Render = Callable[[Sample, int, list[str]], list[int]]
 
 
-def run_cell(method: Method, samples: Sequence[Sample], render: Callable[[Sample, int, list[str]], list[int]],
-             decode: Callable[[list[int]], str], spec: CellSpec, *, steps: int, top_k: int, stop: StopRule,
-             warmup: int, seed: int, progress: Any = None) -> dict[str, Any]:
-    """Run the cell and return a JSON-able result (metrics, per-sample records, outputs, step records).
+def add_counts(a: list[list[int]] | None, b: list[list[int]] | None) -> list[list[int]] | None:
+    """Element-wise sum of two ``[L][E]`` count tables (either may be ``None``)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return [[x + y for x, y in zip(r1, r2)] for r1, r2 in zip(a, b)]
+
+
+def warm_up(method: Any, sample: Sample, render: Render, n: int, *, budget: int, temperature: float, steps: int,
+            top_k: int, stop: StopRule, seed: int) -> None:
+    """``n`` untimed generations of ``sample``'s first turn (kernels, caches and allocators warm up)."""
+    for w in range(n):
+        method.generate([render(sample, 0, [])], budget=budget, steps=steps, top_k=top_k, temperature=temperature,
+                        stop=stop, seed=seed + 10_000 + w)
+
+
+def run_batch(method: Any, batch: Sequence[Sample], render: Render, decode: Callable[[list[int]], str], *,
+              budget: int, temperature: float, steps: int, top_k: int, stop: StopRule, seed: int) -> dict[str, Any]:
+    """Generate ``batch`` (every turn of every sample) with ``method``.
 
     Args:
+        method: a :class:`~specmoe.evaluation.method.Method` (anything with its ``generate``).
         render: ``(sample, turn_index, previous_answers) -> prompt token ids``.
         decode: token ids -> text.
+        seed: seeds sampling; turn ``t`` uses ``seed + t`` (the same for every method on this batch).
+
+    Returns:
+        ``{"seconds", "new_tokens", "samples": [{"id", "turns", "tokens"}], "steps": [...],
+        "expert_counts"}``.
     """
-    kw = dict(budget=spec.budget, steps=steps, top_k=top_k, temperature=spec.temperature, stop=stop)
-    for w in range(warmup):
-        method.generate([render(samples[0], 0, [])], seed=seed + 10_000 + w, **kw)
-    gens, per_sample, outputs = [], [], []
-    bsz = spec.batch_size
-    for start in range(0, len(samples), bsz):
-        batch = list(samples[start:start + bsz])
-        answers: list[list[str]] = [[] for _ in batch]
-        tokens: list[list[list[int]]] = [[] for _ in batch]
-        seconds = 0.0
-        n_turns = max(len(s.turns) for s in batch)
-        for turn in range(n_turns):
-            rows = [i for i, s in enumerate(batch) if turn < len(s.turns)]
-            prompts = [render(batch[i], turn, answers[i]) for i in rows]
-            gen = method.generate(prompts, seed=seed + start * 31 + turn, **kw)
-            gens.append(gen)
-            seconds += gen.wall_time
-            for i, toks in zip(rows, gen.tokens):
-                tokens[i].append(toks)
-                answers[i].append(decode(toks))
-        new = sum(len(t) for rows_ in tokens for t in rows_)
-        for i, s in enumerate(batch):
-            per_sample.append({"id": s.id, "new_tokens": sum(len(t) for t in tokens[i]), "seconds": seconds,
-                               "batch_tokens_per_s": new / seconds if seconds > 0 else 0.0})
-            outputs.append({"id": s.id, "turns": answers[i], "tokens": tokens[i]})
-        if progress is not None:
-            progress.update(len(batch))
-    t = method.target
-    metrics = summarize(gens, t.bytes_per_expert, t.num_moe_layers)
-    # Spec-Bench: mean over questions (here over batches) of tokens / wall time
-    batch_tps = [r["batch_tokens_per_s"] for r in per_sample[::bsz]]
-    metrics["tokens_per_s"] = sum(batch_tps) / len(batch_tps) if batch_tps else 0.0
-    counts = None
-    for g in gens:
-        if g.expert_counts is not None:
-            counts = g.expert_counts if counts is None else [[a + b for a, b in zip(r1, r2)]
-                                                              for r1, r2 in zip(counts, g.expert_counts)]
-    return {"spec": spec.__dict__, "metrics": metrics, "per_sample": per_sample, "outputs": outputs,
-            "steps": [s.to_dict() for g in gens for s in g.steps], "expert_counts": counts,
-            "analysis_only": method.analysis_only, "autoregressive": method.is_autoregressive}
+    answers: list[list[str]] = [[] for _ in batch]
+    tokens: list[list[list[int]]] = [[] for _ in batch]
+    seconds, step_dicts, counts = 0.0, [], None
+    for turn in range(max(len(s.turns) for s in batch)):
+        rows = [i for i, s in enumerate(batch) if turn < len(s.turns)]
+        prompts = [render(batch[i], turn, answers[i]) for i in rows]
+        gen = method.generate(prompts, budget=budget, steps=steps, top_k=top_k, temperature=temperature,
+                              stop=stop, seed=seed + turn)
+        seconds += gen.wall_time
+        step_dicts += [s.to_dict() for s in gen.steps]
+        counts = add_counts(counts, gen.expert_counts)
+        for i, toks in zip(rows, gen.tokens):
+            tokens[i].append(list(toks))
+            answers[i].append(decode(toks))
+    return {"seconds": seconds, "new_tokens": sum(len(t) for row in tokens for t in row),
+            "samples": [{"id": s.id, "turns": answers[i], "tokens": tokens[i]} for i, s in enumerate(batch)],
+            "steps": step_dicts, "expert_counts": counts}
+
+
+def cell_data(batches: Sequence[dict[str, Any]], temperature: float, bytes_per_expert: int,
+              num_moe_layers: int) -> CellData:
+    """The metrics input of a cell from its batch records (in sample order)."""
+    return CellData(steps=[s for b in batches for s in b["steps"]],
+                    batches=[BatchTiming(b["new_tokens"], b["seconds"]) for b in batches],
+                    outputs=[[t for turn in smp["tokens"] for t in turn] for b in batches for smp in b["samples"]],
+                    temperature=temperature, bytes_per_expert=bytes_per_expert, num_moe_layers=num_moe_layers)
+
+
+def build_cell(batches: Sequence[dict[str, Any]], *, method: str, dataset: str, temperature: float, budget: int,
+               batch_size: int, autoregressive: bool, analysis_only: bool, bytes_per_expert: int,
+               num_moe_layers: int) -> tuple[CellResult, CellData]:
+    """The cell (metrics computed from the batches alone) and its metrics input (for :func:`derive`)."""
+    data = cell_data(batches, temperature, bytes_per_expert, num_moe_layers)
+    per_sample, outputs, counts = [], [], None
+    for b in batches:
+        tps = b["new_tokens"] / b["seconds"] if b["seconds"] > 0 else 0.0
+        for smp in b["samples"]:
+            per_sample.append({"id": smp["id"], "new_tokens": sum(len(t) for t in smp["tokens"]),
+                               "seconds": b["seconds"], "batch_tokens_per_s": tps})
+            outputs.append({"id": smp["id"], "turns": smp["turns"], "tokens": smp["tokens"]})
+        counts = add_counts(counts, b.get("expert_counts"))
+    cell = CellResult(method, dataset, temperature, budget, batch_size,
+                      metrics=summarize(data, autoregressive=autoregressive), autoregressive=autoregressive,
+                      analysis_only=analysis_only, per_sample=per_sample, outputs=outputs, steps=data.steps,
+                      expert_counts=None if autoregressive else counts)
+    return cell, data

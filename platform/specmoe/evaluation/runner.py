@@ -1,26 +1,28 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The evaluation grid of a recipe, cached per cell and logged as nested MLflow runs.
+"""The evaluation grid of a recipe: methods x datasets x temperatures x budgets x batch sizes.
 
-Every (method, dataset, temperature, gamma, batch size) cell is stored in ``<cache_dir>/eval/<key>.json``
-keyed by a hash of everything that determines it (components with stage references replaced by stage keys,
-dataset options, decoding settings, seed), so a rerun never recomputes a finished cell and a killed run
-continues where it stopped. Speedups are relative to the autoregressive cell of the same dataset, temperature
-and batch size (Spec-Bench: ratio of mean per-question tokens/s).
+The grid is measured in groups (:mod:`specmoe.evaluation.group`): one group per (dataset, temperature, batch
+size) holds AR and every (method, γ), interleaved per prompt batch, so each speedup is against AR on the same
+prompts in the same run. A group is cached in ``<cache_dir>/eval/<key>/`` under a hash of everything that
+determines its numbers: the target, the dataset, the decoding settings, every member's components (stage
+references replaced by stage keys), the seed, and the code that measures it (specmoe's version, git commit
+and a dirty flag with a hash of the uncommitted diff, and each plugin's distribution and version), so timings
+of different code are never mixed. One process at a time measures a group (a lock beside its directory).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 from specmoe.config.schema import Component, MethodConfig, RunConfig
 from specmoe.decoding.stopping import StopRule
-from specmoe.evaluation.cell import CellSpec, run_cell
+from specmoe.evaluation.group import EvalGroup, Member
 from specmoe.evaluation.method import Method
+from specmoe.evaluation.results import CellResult
+from specmoe.utils.files import FileLock
+from specmoe.utils.hashing import stable_hash
 
 __all__ = ["Evaluator", "AR_METHOD"]
 
@@ -30,16 +32,6 @@ logger = logging.getLogger(__name__)
 AR_METHOD = "ar"
 
 
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _atomic_write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
-
-
 class Evaluator:
     """Runs the grid.
 
@@ -47,16 +39,18 @@ class Evaluator:
         cfg: the resolved recipe.
         target: the loaded target.
         resolve: ``stage:<id>`` -> output directory (for building components).
-        resolve_key: ``stage:<id>`` -> stage cache key (for cell keys).
+        resolve_key: ``stage:<id>`` -> stage cache key (for group keys).
         samples: dataset name -> loaded samples (loaded once, before any work).
         render / decode: prompt rendering and detokenization for this target.
-        cache_dir: where cells are cached.
-        tracker / parent: MLflow tracker and parent run handle (``None`` without tracking).
+        cache_dir: where groups are cached.
+        code: the code version (:func:`specmoe.tracking.environment.code_version`) measuring the groups.
+        on_group: called with the cells of every finished group (MLflow logging).
     """
 
     def __init__(self, cfg: RunConfig, target: Any, resolve: Callable[[Any], Any], resolve_key: Callable[[Any], Any],
                  samples: dict[str, list], render: Callable, decode: Callable, cache_dir: Path,
-                 tracker: Any = None, parent: Any = None) -> None:
+                 code: dict[str, Any] | None = None,
+                 on_group: Callable[[list[CellResult]], None] | None = None) -> None:
         self.cfg = cfg
         self.target = target
         self.resolve = resolve
@@ -65,35 +59,58 @@ class Evaluator:
         self.render = render
         self.decode = decode
         self.cache = Path(cache_dir) / "eval"
-        self.cache.mkdir(parents=True, exist_ok=True)
-        self.tracker = tracker
-        self.parent = parent
+        self.code = code or {}
+        self.on_group = on_group
         self._methods: dict[str, Method] = {}
         methods = list(cfg.methods)
         if not any(m.drafter is None for m in methods):
             methods.insert(0, MethodConfig(name=AR_METHOD))
-        self.method_cfgs = methods
         self.ar_cfg = next(m for m in methods if m.drafter is None)
+        self.spec_cfgs = [m for m in methods if m.drafter is not None]
 
-    # ------------------------------------------------------------------ keys and cells
+    # ------------------------------------------------------------------ keys
     def _sig(self, comp: Component | None) -> Any:
         return None if comp is None else {"name": comp.name, "options": self.resolve_key(comp.options)}
 
-    def cell_key(self, m: MethodConfig, ds: Component, temperature: float, budget: int, bsz: int) -> str:
+    def _method_sig(self, m: MethodConfig, budget: int) -> dict[str, Any]:
+        parts = ("drafter", "selector", "predictor", "verifier") if m.drafter is not None else ("verifier",)
+        return {"name": m.name, "budget": budget, "analysis_only": m.analysis_only,
+                **{k: self._sig(getattr(m, k)) for k in parts}}
+
+    def budgets(self) -> list[int]:
+        return list(self.cfg.eval.budgets or [self.cfg.decoding.budget])
+
+    def group_key(self, ds: Component, temperature: float, bsz: int) -> str:
         d = self.cfg.decoding
-        return _hash({
+        members = [self._method_sig(self.ar_cfg, 1)] + [self._method_sig(m, g) for g in self.budgets()
+                                                        for m in self.spec_cfgs]
+        return stable_hash({
             "target": self._sig(self.cfg.target), "dataset": self._sig(ds),
-            "method": {k: self._sig(getattr(m, k)) for k in ("drafter", "selector", "predictor", "verifier")}
-            if m.drafter is not None else {"verifier": self._sig(m.verifier)},
             "decoding": {"steps": d.steps, "top_k": d.top_k, "max_new_tokens": d.max_new_tokens,
                          "stop_strings": d.stop_strings, "ignore_eos": d.ignore_eos},
-            "temperature": temperature, "budget": budget if m.drafter is not None else 0, "batch_size": bsz,
-            "seed": self.cfg.eval.seed, "warmup": self.cfg.eval.warmup, "v": 1})
+            "temperature": temperature, "batch_size": bsz, "seed": self.cfg.eval.seed,
+            "warmup": self.cfg.eval.warmup, "members": members, "code": self.code, "v": 2})
 
+    # ------------------------------------------------------------------ members
     def method(self, m: MethodConfig) -> Method:
         if m.name not in self._methods:
             self._methods[m.name] = Method(m, self.target, self.resolve)
         return self._methods[m.name]
+
+    def _members(self) -> list[Member]:
+        ar = Member(self.ar_cfg.name, 1, lambda: self.method(self.ar_cfg), autoregressive=True)
+        out = [ar]
+        for g in self.budgets():
+            for m in self.spec_cfgs:
+                out.append(Member(m.name, g, lambda m=m: self.method(m), analysis_only=self._analysis_only(m)))
+        return out
+
+    def _analysis_only(self, m: MethodConfig) -> bool:
+        if m.analysis_only:
+            return True
+        if m.predictor is None:
+            return False
+        return bool(getattr(m.predictor.plugin_class(), "analysis_only", False))
 
     def _stop(self) -> StopRule:
         d = self.cfg.decoding
@@ -101,68 +118,41 @@ class Evaluator:
         tok = self.target.tokenizer if d.stop_strings else None
         return StopRule(d.max_new_tokens, stop_ids=ids, stop_strings=d.stop_strings, tokenizer=tok)
 
-    def _cell(self, m: MethodConfig, ds: Component, temperature: float, budget: int, bsz: int,
-              progress: Any) -> dict[str, Any]:
-        key = self.cell_key(m, ds, temperature, budget, bsz)
-        path = self.cache / f"{key}.json"
-        spec = CellSpec(m.name, ds.name, temperature, budget if m.drafter is not None else 1, bsz)
-        if path.is_file():
-            result = json.loads(path.read_text())
-            result["cached"] = True
-            if progress is not None:
-                progress.update(len(self.samples[ds.name]))
-            return result
-        d = self.cfg.decoding
-        result = run_cell(self.method(m), self.samples[ds.name], self.render, self.decode, spec, steps=d.steps,
-                          top_k=d.top_k, stop=self._stop(), warmup=self.cfg.eval.warmup, seed=self.cfg.eval.seed,
-                          progress=progress)
-        result["key"] = key
-        _atomic_write(path, result)
-        result["cached"] = False
-        return result
-
     # ------------------------------------------------------------------ grid
-    def run(self) -> list[dict[str, Any]]:
+    def groups(self, progress: Any = None) -> list[EvalGroup]:
+        cfg, d = self.cfg, self.cfg.decoding
+        members = self._members()
+        facts = {"bytes_per_expert": int(self.target.bytes_per_expert),
+                 "num_moe_layers": int(self.target.num_moe_layers)}
+        decoding = {"steps": d.steps, "top_k": d.top_k, "stop": self._stop()}
+        out = []
+        for temperature in cfg.eval.temperatures:
+            for bsz in cfg.eval.batch_sizes:
+                for ds in cfg.datasets:
+                    out.append(EvalGroup(self.cache / self.group_key(ds, temperature, bsz), members,
+                                         self.samples[ds.name], dataset=ds.name, temperature=temperature,
+                                         batch_size=bsz, render=self.render, decode=self.decode,
+                                         decoding=decoding, warmup=cfg.eval.warmup, seed=cfg.eval.seed,
+                                         target_facts=facts, progress=progress))
+        return out
+
+    def run(self) -> list[CellResult]:
+        """Every group, in grid order; each group's cells AR first, then by γ and method."""
         from tqdm.auto import tqdm
 
-        cfg = self.cfg
-        budgets = cfg.eval.budgets or [cfg.decoding.budget]
-        spec_methods = [m for m in self.method_cfgs if m.drafter is not None]
-        n_cells = len(cfg.eval.temperatures) * len(cfg.eval.batch_sizes) * len(cfg.datasets) * (
-            1 + len(budgets) * len(spec_methods))
-        total = sum(len(self.samples[ds.name]) for ds in cfg.datasets) * n_cells // max(len(cfg.datasets), 1)
-        cells: list[dict[str, Any]] = []
-        with tqdm(total=total, desc="evaluation", unit="sample") as bar:
-            for temperature in cfg.eval.temperatures:
-                for bsz in cfg.eval.batch_sizes:
-                    for ds in cfg.datasets:
-                        bar.set_postfix_str(f"{self.ar_cfg.name} {ds.name} T={temperature} bs={bsz}")
-                        ar = self._cell(self.ar_cfg, ds, temperature, 1, bsz, bar)
-                        self._derive(ar, ar)
-                        self._log(ar)
-                        cells.append(ar)
-                        for budget in budgets:
-                            for m in spec_methods:
-                                bar.set_postfix_str(f"{m.name} {ds.name} T={temperature} g={budget} bs={bsz}")
-                                cell = self._cell(m, ds, temperature, budget, bsz, bar)
-                                self._derive(cell, ar)
-                                self._log(cell)
-                                cells.append(cell)
+        groups = self.groups()
+        total = sum(len(g.samples) * len(g.members) for g in groups)
+        cells: list[CellResult] = []
+        with tqdm(total=total, desc="evaluation", unit="generation") as bar:
+            for g in groups:
+                g.progress = bar
+                bar.set_postfix_str(f"{g.dataset} T={g.temperature} bs={g.batch_size}")
+                with FileLock(g.dir.with_name(g.dir.name + ".lock"),
+                              f"evaluation group {g.dataset} T={g.temperature} bs={g.batch_size}"):
+                    got = g.run()
+                for c in got:
+                    c.order = len(cells)
+                    cells.append(c)
+                if self.on_group is not None:
+                    self.on_group(got)
         return cells
-
-    @staticmethod
-    def _derive(cell: dict[str, Any], ar: dict[str, Any]) -> None:
-        """speedup vs AR, rho = T_AR (per token) / T_verify, and equality with AR outputs at T = 0."""
-        m, a = cell["metrics"], ar["metrics"]
-        m["speedup"] = m["tokens_per_s"] / a["tokens_per_s"] if a["tokens_per_s"] > 0 else 0.0
-        m["rho"] = a["t_total"] / m["t_verify"] if m.get("t_verify") else 0.0
-        if cell["spec"]["temperature"] == 0:
-            same = [o["tokens"] == r["tokens"] for o, r in zip(cell["outputs"], ar["outputs"])]
-            m["matches_ar"] = sum(same) / max(len(same), 1)
-
-    def _log(self, cell: dict[str, Any]) -> None:
-        if self.tracker is None or self.parent is None:
-            return
-        from specmoe.evaluation.report import log_cell
-
-        log_cell(self.tracker, self.parent, cell, self.decode)

@@ -51,6 +51,23 @@ class Stage(Plugin, ABC):
     #: the other ranks wait for their result.
     distributed: ClassVar[bool] = False
 
+    @classmethod
+    def key_facts(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Facts of this machine that change what the stage computes and are not in its options (e.g. the
+        precision ``precision: auto`` resolves to): part of the cache key. ``options`` are the validated
+        options, defaults filled in and stage references replaced by directories. Default: none."""
+        return {}
+
+    def can_resume(self, out_dir: Path) -> Optional[bool]:
+        """After a failed attempt: ``True`` to continue from the partial work in ``out_dir``, ``False`` to
+        start over in an empty directory, ``None`` (default) to let the runner decide (it resumes a stage
+        whose newest valid Lightning checkpoint has steps left, and a stage that keeps no checkpoints)."""
+        return None
+
     @abstractmethod
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
-        """Do the work; return a small JSON-able summary (also stored in ``out_dir/summary.json``)."""
+        """Do the work; return a small JSON-able summary (also stored in ``out_dir/summary.json``).
+
+        Raise :class:`specmoe.errors.StageIncomplete` when stopping before the end of the budget (e.g. an
+        opt-in wall-clock guard): the stage is recorded as incomplete, not done, and a rerun continues it.
+        """

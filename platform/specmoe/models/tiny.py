@@ -7,10 +7,11 @@ They are real ``transformers`` configs; models built from them go through ``save
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from specmoe.utils.hashing import stable_hash
 
 __all__ = ["TINY_CONFIGS", "tiny_config", "build_tiny_model", "ARCHITECTURES"]
 
@@ -77,5 +78,4 @@ def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, **overrides:
 
 
 def spec_hash(arch: str, seed: int, overrides: dict[str, Any]) -> str:
-    text = json.dumps({"arch": arch, "seed": seed, **overrides}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return stable_hash({"arch": arch, "seed": seed, **overrides}, 12)

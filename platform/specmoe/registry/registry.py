@@ -19,10 +19,10 @@ import inspect
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Optional, TypeVar
 
 __all__ = ["Registry", "RegistryError", "UnknownPluginError", "DuplicatePluginError", "normalize_name",
-           "import_object"]
+           "import_object", "module_distribution"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,11 +69,24 @@ def import_object(path: str) -> Any:
     return obj
 
 
+def module_distribution(module: str) -> Optional[tuple[str, str]]:
+    """``(distribution, version)`` of the installed distribution holding ``module``'s top-level package."""
+    top = module.split(".")[0]
+    try:
+        dists = importlib.metadata.packages_distributions().get(top, [])
+        if dists:
+            return dists[0], importlib.metadata.version(dists[0])
+    except Exception:  # noqa: BLE001 - broken metadata of an unrelated distribution
+        logger.debug("no distribution found for module %s", module)
+    return None
+
+
 @dataclass
 class _Entry:
     name: str
     target: Any  # a class, or an import string "pkg.mod:Class"
     origin: str  # human readable: where the registration came from
+    dist: Optional[tuple[str, str]] = None  # (distribution, version) of an entry point
 
     @property
     def target_str(self) -> str:
@@ -96,6 +109,7 @@ class Registry(Generic[T]):
         self._base = base
         self.group = group or f"specmoe.{kind}s"
         self._entries: dict[str, _Entry] = {}
+        self._conflicts: dict[str, list[_Entry]] = {}
         self._loaded: dict[str, type] = {}
         self._discovered = False
         self._lock = threading.RLock()
@@ -137,18 +151,43 @@ class Registry(Generic[T]):
 
     # ------------------------------------------------------------------ discovery
     def _discover(self) -> None:
+        """Read the entry points of :attr:`group`. Two distributions declaring one name under different
+        classes make that name unusable (reported once, naming both); every other plugin stays usable."""
         if self._discovered:
             return
         self._discovered = True
         for ep in importlib.metadata.entry_points(group=self.group):
             dist = getattr(ep, "dist", None)
+            version = getattr(dist, "version", None) if dist is not None else None
             where = f"entry point '{self.group}' of distribution '{dist.name if dist else '?'}'"
-            self._add(_Entry(normalize_name(ep.name), ep.value, where), override=False)
+            entry = _Entry(normalize_name(ep.name), ep.value, where,
+                           (dist.name, str(version)) if dist is not None else None)
+            old = self._entries.get(entry.name)
+            if old is not None and old.target_str != entry.target_str:
+                self._conflicts.setdefault(entry.name, [old]).append(entry)
+                continue
+            self._entries[entry.name] = entry
+        for name in self._conflicts:
+            logger.warning("%s", self.conflict_message(name))
+
+    def conflict_message(self, name: str) -> str:
+        """Why ``name`` cannot be used: the distributions that all declare it."""
+        both = " and ".join(f"{e.target_str} ({e.origin})" for e in self._conflicts[name])
+        return (f"{self.kind} '{name}' is declared by more than one installed package: {both}. It cannot be used "
+                f"by that name until one is uninstalled or renamed; name the class you mean directly, e.g. "
+                f"'{self._conflicts[name][-1].target_str}'. Every other {self.kind} works as usual.")
+
+    def conflicts(self) -> list[str]:
+        """Names declared by several distributions (unusable by name)."""
+        with self._lock:
+            self._discover()
+            return sorted(self._conflicts)
 
     def _clear(self) -> None:
         """Forget everything (tests only)."""
         with self._lock:
             self._entries.clear()
+            self._conflicts.clear()
             self._loaded.clear()
             self._discovered = False
 
@@ -172,13 +211,35 @@ class Registry(Generic[T]):
         return f"{entry.target_str} ({entry.origin})"
 
     def entries(self) -> list[tuple[str, str, str]]:
-        """``(name, target, origin)`` for every registered plugin, sorted by name."""
-        return [(n, self._entries[n].target_str, self._entries[n].origin) for n in self.names()]
+        """``(name, target, origin)`` for every registered plugin, sorted by name (a name declared by several
+        distributions shows every declaration)."""
+        rows = []
+        for n in self.names():
+            for e in self._conflicts.get(n, [self._entries[n]]):
+                rows.append((n, e.target_str, e.origin + (" [CONFLICT: unusable by name]" if n in self._conflicts
+                                                          else "")))
+        return rows
+
+    def distribution(self, name: str) -> Optional[tuple[str, str]]:
+        """``(distribution, version)`` that provides plugin ``name`` (a registry key or ``pkg.mod:Class``):
+        the entry point's distribution, else the distribution holding the class's top-level module;
+        ``None`` when it is not installed from a distribution (e.g. a recipe's ``imports:`` file)."""
+        key = normalize_name(name)
+        with self._lock:
+            self._discover()
+            entry = self._entries.get(key)
+        if entry is not None and entry.dist is not None:
+            return entry.dist
+        target = entry.target_str if entry is not None else name
+        module = target.partition(":")[0] if ":" in target else target.rpartition(".")[0]
+        return module_distribution(module)
 
     def _entry(self, name: str) -> _Entry:
         with self._lock:
             self._discover()
             key = normalize_name(name)
+            if key in self._conflicts:
+                raise DuplicatePluginError(self.conflict_message(key))
             if key in self._entries:
                 return self._entries[key]
             raise UnknownPluginError(self.unknown_message(name))

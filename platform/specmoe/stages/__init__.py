@@ -1,2 +1,3 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Cached, resumable stages (see :mod:`specmoe.stages.runner`)."""
+"""Cached, resumable stages (:mod:`specmoe.stages.runner`) and what the cache knows about each one
+(:mod:`specmoe.stages.state`, behind ``platform cache ls / clean``)."""

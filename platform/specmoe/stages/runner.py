@@ -1,32 +1,43 @@
 # SPDX-License-Identifier: Apache-2.0
 """Run a recipe's stages in dependency order, each cached under a hash of what determines it.
 
-A stage's cache key hashes its registry name, its stage ``version`` and its options, where every
-``"stage:<id>"`` reference is replaced by the referenced stage's own key, so editing a stage recomputes it and
-everything downstream and nothing else. The output directory is
-``<cache_dir>/stages/<name>-<key>/``; a ``.done`` marker is written last, so a killed stage leaves partial
-work that the stage resumes on the next run, and a finished stage is never run again.
+A stage's cache key hashes its registry name, its stage ``version``, its options (every ``"stage:<id>"``
+reference replaced by the referenced stage's own key) and the machine facts the stage declares with
+:meth:`~specmoe.interfaces.stage.Stage.key_facts` (e.g. the precision ``auto`` resolves to), so editing a
+stage recomputes it and everything downstream and nothing else. The output directory is
+``<cache_dir>/stages/<name>-<key>/`` (layout: :mod:`specmoe.stages.state`).
+
+* One process at a time computes a stage: the others wait on its lock (and then find it done).
+* A stage that raises is recorded as failed with its reason (``state.json``, traceback in ``error.log``);
+  a stage that raises :class:`~specmoe.errors.StageIncomplete` as incomplete. Neither is marked done.
+* A rerun resumes a killed or incomplete stage from its partial work; after a failure it resumes only when
+  the stage's newest valid checkpoint still has budget left (or the stage keeps no checkpoints), and
+  otherwise restarts it cleanly in an emptied directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
-import os
+import shutil
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 from specmoe.config.errors import ConfigError, Problem
 from specmoe.config.schema import Component, StageSpec
+from specmoe.errors import StageFailed, StageIncomplete, describe
+from specmoe.stages.state import DONE, ERROR_LOG, read_state, stage_lock, write_state
+from specmoe.utils.dist import dist_info, rank_world, wait_for
+from specmoe.utils.files import atomic_write, atomic_write_json
+from specmoe.utils.hashing import stable_hash
 
-__all__ = ["StageRunner", "substitute_refs", "split_ref", "STAGE_PREFIX", "rank_world"]
+__all__ = ["StageRunner", "substitute_refs", "split_ref", "STAGE_PREFIX", "rank_world", "stage_key_blob"]
 
 logger = logging.getLogger(__name__)
 STAGE_PREFIX = "stage:"
-DONE = ".done"
 
 
 def split_ref(text: str) -> tuple[str, str]:
@@ -51,14 +62,6 @@ def substitute_refs(node: Any, repl: Callable[[str], Any]) -> Any:
     return node
 
 
-def rank_world() -> tuple[int, int]:
-    """Global rank and world size under torchrun / SLURM (0, 1 otherwise)."""
-    env = os.environ
-    world = int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
-    rank = int(env.get("RANK") or env.get("SLURM_PROCID") or 0)
-    return rank, world
-
-
 def _refs(node: Any) -> set[str]:
     found: set[str] = set()
     substitute_refs(node, lambda ref: found.add(ref))
@@ -78,6 +81,15 @@ def _key_view(node: Any) -> Any:
     if isinstance(node, (list, tuple)):
         return [_key_view(v) for v in node]
     return node
+
+
+def stage_key_blob(name: str, version: str, options: Any, facts: dict[str, Any]) -> dict[str, Any]:
+    """What a stage's cache key hashes (``facts`` only when the stage declares some, so stages without
+    facts keep their keys)."""
+    blob = {"name": name, "version": version, "options": _key_view(options)}
+    if facts:
+        blob["facts"] = _key_view(facts)
+    return blob
 
 
 def _torch_threads(n: int | None = None) -> int:
@@ -130,10 +142,9 @@ class StageRunner:
 
     def _key(self, spec: StageSpec) -> str:
         cls = spec.component.plugin_class()
-        opts = _key_view(substitute_refs(spec.component.options, lambda ref: f"stage-key:{self.keys[ref]}"))
-        blob = json.dumps({"name": spec.component.name, "version": getattr(cls, "version", "1"), "options": opts},
-                          sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        opts = substitute_refs(spec.component.options, lambda ref: f"stage-key:{self.keys[ref]}")
+        facts = cls.key_facts(self.resolve(spec.component.options)) if hasattr(cls, "key_facts") else {}
+        return stable_hash(stage_key_blob(spec.component.name, getattr(cls, "version", "1"), opts, facts or {}))
 
     def out_dir(self, sid: str) -> Path:
         return self.cache_dir / "stages" / f"{self.specs[sid].component.name}-{self.keys[sid]}"
@@ -148,58 +159,132 @@ class StageRunner:
         """Replace ``stage:<id>`` references in ``node`` by output directories."""
         return substitute_refs(node, lambda ref: str(self.out_dir(ref)))
 
+    def label(self, sid: str) -> str:
+        return f"stage '{sid}' ({self.specs[sid].component.name})"
+
     def run(self, ctx: Any, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         """Run every stage (or ``only`` those and their dependencies) that is not cached yet.
 
         Returns:
             stage id -> summary (with ``cached: True`` for stages that were already done).
+
+        Raises:
+            StageFailed: a stage raised (recorded in its directory; the cause is chained).
         """
         needed = set(self.order) if only is None else self._closure(only)
         summaries: dict[str, dict[str, Any]] = {}
+        info = dist_info()
         for sid in self.order:
             if sid not in needed:
                 continue
-            spec = self.specs[sid]
-            out = self.out_dir(sid)
-            if self.is_done(sid):
-                summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
-                summaries[sid] = {**summary, "cached": True, "dir": str(out)}
-                logger.info("stage %s (%s): cached at %s", sid, spec.component.name, out)
-                continue
-            cls = spec.component.plugin_class()
-            rank, world = rank_world()
-            if world > 1 and rank != 0 and not getattr(cls, "distributed", False):
+            cls = self.specs[sid].component.plugin_class()
+            if info.world > 1 and info.rank != 0 and not getattr(cls, "distributed", False):
                 summaries[sid] = self._wait_for(sid)
-                continue
-            out.mkdir(parents=True, exist_ok=True)
-            resumed = any(p.name != "summary.json" for p in out.iterdir())
-            logger.info("stage %s (%s): %s in %s", sid, spec.component.name, "resuming" if resumed else "running",
-                        out)
-            stage = cls(cls.Config(**self.resolve(spec.component.options)))
-            t0 = time.perf_counter()
-            threads = _torch_threads()
-            try:
-                summary = dict(stage.run(out, ctx) or {})
-            finally:  # a training stage may have lowered torch's thread count: later work gets it back
-                _torch_threads(threads)
-            summary.setdefault("seconds", round(time.perf_counter() - t0, 2))
-            if rank != 0:  # distributed stage: rank 0 writes the result
-                summaries[sid] = {**summary, "cached": False, "dir": str(out)}
-                self._wait_for(sid)
-                continue
-            (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-            (out / DONE).write_text(json.dumps({"key": self.keys[sid], "id": sid, "finished": time.time()}))
-            summaries[sid] = {**summary, "cached": False, "dir": str(out)}
+            elif info.rank != 0:  # distributed stage on a worker: rank 0 holds the lock and records the state
+                summaries[sid] = self._run_worker(sid, cls, ctx)
+            else:
+                with stage_lock(self.out_dir(sid), self.label(sid)):
+                    summaries[sid] = self._run_one(sid, cls, ctx)
         return summaries
 
-    def _wait_for(self, sid: str, poll: float = 2.0) -> dict[str, Any]:
-        """Non-zero ranks: wait until rank 0 has finished stage ``sid``."""
+    def _cached(self, sid: str) -> dict[str, Any]:
         out = self.out_dir(sid)
-        logger.info("stage %s: waiting for rank 0 (%s)", sid, out)
-        while not (out / DONE).is_file():
-            time.sleep(poll)
         summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
         return {**summary, "cached": True, "dir": str(out)}
+
+    def _build(self, sid: str, cls: type) -> Any:
+        return cls(cls.Config(**self.resolve(self.specs[sid].component.options)))
+
+    def _prepare(self, sid: str, stage: Any, out: Path) -> str:
+        """Decide how this attempt starts (``fresh``, ``resuming`` or ``restarting``), emptying ``out`` for a
+        clean restart after a failure that left nothing to resume."""
+        prev = read_state(out) if out.is_dir() else {}
+        if not out.is_dir() or not any(out.iterdir()):
+            return "fresh"
+        if prev.get("state") != "failed":
+            return "resuming"  # killed, incomplete, or older work without a state record
+        decision = stage.can_resume(out)
+        if decision is None:
+            from specmoe.training.checkpoints import has_budget_left
+
+            decision = has_budget_left(out, getattr(stage.config, "trainer", None))
+        if decision:
+            logger.warning("%s: the previous attempt failed (%s); resuming from its checkpoint", self.label(sid),
+                           prev.get("reason", "?"))
+            return "resuming"
+        logger.warning("%s: the previous attempt failed (%s) and left nothing to resume (no valid checkpoint "
+                       "with budget left): restarting it cleanly", self.label(sid), prev.get("reason", "?"))
+        keep = {"attempt": prev.get("attempt", 0)}
+        shutil.rmtree(out)
+        out.mkdir(parents=True)
+        write_state(out, "restarting", id=sid, **keep)
+        return "restarting"
+
+    def _run_one(self, sid: str, cls: type, ctx: Any) -> dict[str, Any]:
+        out = self.out_dir(sid)
+        if self.is_done(sid):
+            logger.info("%s: cached at %s", self.label(sid), out)
+            return self._cached(sid)
+        stage = self._build(sid, cls)
+        how = self._prepare(sid, stage, out)
+        out.mkdir(parents=True, exist_ok=True)
+        attempt = int(read_state(out).get("attempt", 0)) + 1
+        write_state(out, "running", id=sid, name=self.specs[sid].component.name, key=self.keys[sid],
+                    attempt=attempt, started=time.time())
+        logger.info("%s: %s in %s", self.label(sid), "running" if how in ("fresh", "restarting") else "resuming",
+                    out)
+        summary = self._call(sid, stage, out, ctx)
+        atomic_write_json(out / "summary.json", summary, indent=2)
+        atomic_write_json(out / DONE, {"key": self.keys[sid], "id": sid, "finished": time.time()})
+        write_state(out, "done", finished=time.time())
+        (out / ERROR_LOG).unlink(missing_ok=True)
+        return {**summary, "cached": False, "dir": str(out)}
+
+    def _call(self, sid: str, stage: Any, out: Path, ctx: Any, record: bool = True) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        threads = _torch_threads()
+        try:
+            summary = dict(stage.run(out, ctx) or {})
+        except StageIncomplete as exc:
+            if record:
+                write_state(out, "incomplete", reason=describe(exc))
+            raise StageFailed(sid, self.specs[sid].component.name, str(out), exc) from exc
+        except Exception as exc:
+            if record:
+                write_state(out, "failed", reason=describe(exc))
+                atomic_write(out / ERROR_LOG, "".join(traceback.format_exception(type(exc), exc,
+                                                                                 exc.__traceback__)))
+            raise StageFailed(sid, self.specs[sid].component.name, str(out), exc) from exc
+        finally:  # a training stage may have lowered torch's thread count: later work gets it back
+            _torch_threads(threads)
+        summary.setdefault("seconds", round(time.perf_counter() - t0, 2))
+        return summary
+
+    def _run_worker(self, sid: str, cls: type, ctx: Any) -> dict[str, Any]:
+        """A distributed stage on a rank other than 0: run it alongside rank 0, then wait for its marker."""
+        out = self.out_dir(sid)
+        if self.is_done(sid):
+            return self._cached(sid)
+        out.mkdir(parents=True, exist_ok=True)
+        summary = self._call(sid, self._build(sid, cls), out, ctx, record=False)
+        self._wait_for(sid)
+        return {**summary, "cached": False, "dir": str(out)}
+
+    def _wait_for(self, sid: str) -> dict[str, Any]:
+        """Ranks other than 0: wait until rank 0 has finished stage ``sid`` (or recorded its failure)."""
+        out = self.out_dir(sid)
+        logger.info("%s: waiting for rank 0 (%s)", self.label(sid), out)
+
+        started = time.time() - 5.0
+
+        def failed() -> str | None:  # a failure rank 0 records while we wait (not an older one)
+            rec = read_state(out)
+            if rec.get("state") in ("failed", "incomplete") and rec.get("updated", 0) >= started:
+                return rec.get("reason") or rec["state"]
+            return None
+
+        wait_for(out / DONE, self.label(sid), failed=failed)
+        return self._cached(sid)
 
     def _closure(self, ids: set[str]) -> set[str]:
         out: set[str] = set()

@@ -11,11 +11,8 @@ GPU under torchrun or SLURM) shard ``i`` is collected by rank ``i % world`` and 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import random
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -24,9 +21,11 @@ import torch
 
 from specmoe.interfaces.dataset import Sample
 from specmoe.traces.format import SampleTrace, TraceMeta, TraceWriter
+from specmoe.utils.dist import wait_for
+from specmoe.utils.hashing import stable_hash
 
 __all__ = ["CollectOptions", "collect_traces", "split_samples", "plan_shards", "encode_turn",
-           "route_sequences", "usable_tokenizer", "trace_meta", "wait_for", "summarize"]
+           "route_sequences", "usable_tokenizer", "trace_meta", "summarize"]
 
 logger = logging.getLogger(__name__)
 
@@ -145,18 +144,7 @@ def _generate(target: Any, samples: Sequence[Sample], opts: CollectOptions,
 def _fingerprint(meta: TraceMeta, ids: Sequence[str], splits: dict[str, str], opts: CollectOptions) -> str:
     o = asdict(opts)
     o.pop("progress")
-    text = json.dumps({"meta": asdict(meta), "ids": list(ids), "splits": splits, "opts": o}, sort_keys=True,
-                      default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def wait_for(path: Path, what: str, timeout: float | None = None, poll: float = 2.0) -> None:
-    """Block until ``path`` exists (other ranks waiting for rank 0's output)."""
-    t0 = time.monotonic()
-    while not path.exists():
-        if timeout is not None and time.monotonic() - t0 > timeout:
-            raise TimeoutError(f"waited {timeout:.0f}s for {what} ({path})")
-        time.sleep(poll)
+    return stable_hash({"meta": asdict(meta), "ids": list(ids), "splits": splits, "opts": o})
 
 
 def collect_traces(target: Any, samples: Sequence[Sample], out_dir: str | Path, opts: CollectOptions, *,

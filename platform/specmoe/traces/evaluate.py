@@ -6,6 +6,7 @@ Each traced sample is replayed the way the engine drives a predictor: the first 
 next ``chunk`` tokens (rooted at the last committed token) is scored with ``predict`` and its tokens are
 committed with ``observe``. Every token is scored exactly once, with all of its true context, so the number
 is the paper's "routing prediction accuracy" (App. B.1) measured on the same code path as decoding.
+Command line: ``platform traces evaluate`` (:mod:`specmoe.cli.traces`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from specmoe.traces.format import TraceReader
 
-__all__ = ["chain_tree", "evaluate_predictor", "evaluate_lookup", "main"]
+__all__ = ["chain_tree", "evaluate_predictor", "evaluate_lookup"]
 
 
 def chain_tree(tokens: torch.Tensor):
@@ -87,40 +88,3 @@ def evaluate_lookup(lookup: Any, reader: TraceReader, split: str = "test") -> di
     res = metric.compute()
     return {"acc": float(res["acc"]), "acc_per_layer": [float(a) for a in res["acc_per_layer"]],
             "tokens": int(metric.tokens)}
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m specmoe.traces.evaluate --traces DIR -p learned:path=DIR -p token_table:path=DIR
-    -p router_on_embedding``: held-out accuracy of each predictor (target: the one recorded in the traces,
-    or ``--target PATH``)."""
-    import argparse
-    import json
-
-    from specmoe.registry import predictors, targets
-
-    ap = argparse.ArgumentParser(prog="python -m specmoe.traces.evaluate", description=main.__doc__)
-    ap.add_argument("--traces", required=True)
-    ap.add_argument("--split", default="test")
-    ap.add_argument("--target", default=None, help="target checkpoint (default: the traces' target path)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--max-samples", type=int, default=None)
-    ap.add_argument("-p", "--predictor", action="append", default=[], help="name[:key=value,...]")
-    args = ap.parse_args(argv)
-    reader = TraceReader(args.traces)
-    target = targets.get("hf")(path=args.target or reader.meta.target["path"], device=args.device)
-    results = {}
-    for spec in args.predictor:
-        name, _, opts = spec.partition(":")
-        kwargs = dict(kv.split("=", 1) for kv in opts.split(",") if kv)
-        pred = predictors.get(name)(**kwargs)
-        pred.setup(target)
-        results[spec] = evaluate_predictor(pred, reader, args.split, max_samples=args.max_samples,
-                                           device=args.device)
-        print(f"{spec}: acc={results[spec]['acc']:.4f} per layer="
-              f"{[round(a, 4) for a in results[spec]['acc_per_layer']]} tokens={results[spec]['tokens']}")
-    print(json.dumps(results))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -27,7 +27,6 @@ stores a sample twice.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,9 +34,10 @@ from typing import Any, Iterator
 import torch
 
 from specmoe.errors import UserError
+from specmoe.utils.files import atomic_path, atomic_write
 
 __all__ = ["TRACE_FORMAT", "TraceMeta", "SampleRecord", "SampleTrace", "ShardInfo", "TraceWriter",
-           "TraceReader", "atomic_write_text", "COLUMNS"]
+           "TraceReader", "COLUMNS"]
 
 TRACE_FORMAT = "specmoe-routing-traces"
 _VERSION = 1
@@ -109,13 +109,6 @@ class ShardInfo:
         return sum(s.length for s in self.samples)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (never a half-written file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 class TraceWriter:
     """Writes shards of one trace directory.
 
@@ -141,7 +134,7 @@ class TraceWriter:
 
     def write_plan(self, shards: dict[str, list[str]]) -> None:
         """Record the plan (shard file stem -> sample ids) before any shard is written."""
-        atomic_write_text(self.root / "plan.json", json.dumps(
+        atomic_write(self.root / "plan.json", json.dumps(
             {"format": TRACE_FORMAT, "version": _VERSION, "fingerprint": self.fingerprint, "shards": shards},
             indent=1))
 
@@ -167,11 +160,10 @@ class TraceWriter:
                                   for s in samples]),
         }
         cols = {k: v.to(COLUMNS[k]).contiguous() for k, v in cols.items()}
-        tmp = self.root / f"{stem}.safetensors.tmp"
-        save_file(cols, str(tmp), metadata={"format": TRACE_FORMAT, "split": split})
-        os.replace(tmp, self.root / f"{stem}.safetensors")
+        with atomic_path(self.root / f"{stem}.safetensors") as tmp:
+            save_file(cols, str(tmp), metadata={"format": TRACE_FORMAT, "split": split})
         info = ShardInfo(f"{stem}.safetensors", split, records)
-        atomic_write_text(self.root / f"{stem}.json", json.dumps(
+        atomic_write(self.root / f"{stem}.json", json.dumps(
             {"file": info.file, "split": split, "samples": [asdict(r) for r in records]}))
         return info
 
@@ -183,7 +175,7 @@ class TraceWriter:
             shards.append(side)
         index = {"format": TRACE_FORMAT, "version": _VERSION, "complete": True,
                  "fingerprint": self.fingerprint, "meta": asdict(self.meta), "shards": shards}
-        atomic_write_text(self.root / "index.json", json.dumps(index, indent=1))
+        atomic_write(self.root / "index.json", json.dumps(index, indent=1))
 
 
 class TraceReader:

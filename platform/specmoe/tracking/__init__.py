@@ -1,10 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """Experiment tracking (MLflow), the paper-table comparison and the analysis plots.
 
+* :mod:`~specmoe.tracking.schema`: run kinds, cell tags, error records, flattened params;
+* :mod:`~specmoe.tracking.client`: the MLflow client wrapper (:class:`Tracker`, runs, resume);
+* :mod:`~specmoe.tracking.uri`: default store, URI precedence and the reachability check;
+* :mod:`~specmoe.tracking.environment`: versions, code version, hardware and plugin provenance;
+* :mod:`~specmoe.tracking.compare` and :mod:`~specmoe.tracking.plots`: tables and figures.
+
 Importing this package is cheap: mlflow and matplotlib load when a tracker is built / a figure is drawn.
 """
 
-from specmoe.tracking.tracker import (
+from specmoe.tracking.client import FoundRun, NullRun, NullTracker, RunHandle, Tracker
+from specmoe.tracking.environment import code_version, env_params, plugin_params
+from specmoe.tracking.schema import (
     CELL_KIND,
     CELL_METRICS,
     CELL_OPTIONAL_TAGS,
@@ -12,17 +20,12 @@ from specmoe.tracking.tracker import (
     ERROR_ARTIFACT,
     ERROR_TAG,
     PARENT_KIND,
-    FoundRun,
-    NullRun,
-    NullTracker,
-    RunHandle,
-    Tracker,
+    RECIPE_HASH_TAG,
     cell_run_name,
     cell_tags,
-    default_uri,
-    env_params,
     flatten_params,
 )
+from specmoe.tracking.uri import check_uri, default_uri, resolve_uri
 
 __all__ = [
     "Tracker",
@@ -37,9 +40,14 @@ __all__ = [
     "PARENT_KIND",
     "ERROR_TAG",
     "ERROR_ARTIFACT",
+    "RECIPE_HASH_TAG",
     "cell_tags",
     "cell_run_name",
     "flatten_params",
     "default_uri",
+    "resolve_uri",
+    "check_uri",
     "env_params",
+    "code_version",
+    "plugin_params",
 ]

@@ -1,16 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The paper's Table 1 (Spd / α / E per method x dataset) and Table 3 (latency breakdown) from MLflow runs.
+"""The paper's Table 1 (Spd / α / E per method x dataset) and Table 3 (latency breakdown), from cells.
 
-Cells are the FINISHED nested runs tagged ``specmoe.kind=cell`` (see :data:`~specmoe.tracking.CELL_TAGS`),
-read through the MLflow client API, so this works from any process against any tracking URI. By default
-only the cells of the latest parent (recipe) run are used: the parent whose most recent finished cell
-started last. A cell key logged twice keeps its latest run.
+Cells are :class:`~specmoe.evaluation.results.CellResult` s: those of the current run (the evaluation builds
+the tables once from them) or the FINISHED nested runs tagged ``specmoe.kind=cell`` of an MLflow experiment
+(``platform compare``, through the MLflow client API, from any process against any tracking URI; by default
+only the cells of the latest parent run: the parent whose most recent finished cell started last; a cell
+logged twice keeps its latest run). Labels, formats and AR applicability come from :mod:`specmoe.metrics`.
+
+One table per setting: a setting is (temperature, γ, batch size) of the speculative methods; the AR cells of
+the same temperature and batch size (AR has no γ) appear in every γ's table instead of a table of their own.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
 import os
 import re
@@ -19,42 +21,20 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from specmoe.errors import UserError
-from specmoe.tracking.tracker import CELL_KIND, CELL_METRICS
+from specmoe.evaluation.results import CellResult
+from specmoe.metrics import get as get_metric
+from specmoe.metrics import names as metric_names
+from specmoe.tracking.schema import CELL_KIND, records_csv
 
-__all__ = ["Cell", "Block", "Table", "DEFAULT_METRICS", "TABLE3_METRICS", "resolve_uri", "load_cells",
-           "group_blocks", "table1", "table3", "build_tables", "render", "compare", "log_comparison",
-           "speedup_by_gamma"]
+__all__ = ["Block", "Table", "DEFAULT_METRICS", "TABLE3_METRICS", "resolve_uri", "load_cells",
+           "group_blocks", "table1", "table3", "build_tables", "render", "compare", "speedup_by_gamma"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_METRICS = ("speedup", "alpha", "E")
 TABLE3_METRICS = ("E", "t_pred", "t_draft", "t_verify", "t_total", "alpha", "speedup")
-_LABELS = {"speedup": "Spd", "alpha": "α", "E": "E", "E_pred": "E_pred",
-           "expert_bytes_per_step": "bytes/step",
-           "t_pred": "T_pred", "t_draft": "T_draft", "t_select": "T_select", "t_verify": "T_verify",
-           "t_total": "T_total", "rho": "ρ", "tokens_per_s": "tok/s", "predictor_accuracy": "pred acc",
-           "matches_ar": "= AR"}
-#: metrics that do not apply to the AR baseline (shown as "-").
-_NOT_AR = {"alpha", "E_pred", "t_pred", "t_draft", "t_select", "t_verify", "rho", "predictor_accuracy", "matches_ar"}
 _AR_NAMES = {"ar", "autoregressive", "baseline_ar"}
 FORMATS = ("text", "markdown", "csv")
-
-
-@dataclass
-class Cell:
-    """One finished evaluation cell run."""
-
-    run_id: str
-    parent: str
-    method: str
-    dataset: str
-    temperature: float
-    budget: int
-    batch_size: int
-    start_time: int
-    metrics: dict[str, float]
-    ar: bool = False
-    analysis_only: bool = False
 
 
 @dataclass
@@ -66,14 +46,16 @@ class Block:
     batch_size: int
     methods: list[str] = field(default_factory=list)
     datasets: list[str] = field(default_factory=list)
-    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
+    cells: dict[tuple[str, str], CellResult] = field(default_factory=dict)
     ar_methods: set[str] = field(default_factory=set)
     analysis_only: set[str] = field(default_factory=set)
+    ar_only: bool = False
 
     @property
     def title(self) -> str:
         mode = "greedy" if self.temperature == 0 else "sampling"
-        return f"T={self.temperature:g} ({mode}), γ={self.budget}, batch size {self.batch_size}"
+        gamma = "" if self.ar_only else f", γ={self.budget}"
+        return f"T={self.temperature:g} ({mode}){gamma}, batch size {self.batch_size}"
 
 
 @dataclass
@@ -89,7 +71,7 @@ class Table:
 
 def resolve_uri(uri: str | None, workdir: Path | None = None) -> str:
     """``uri`` > ``$MLFLOW_TRACKING_URI`` > ``sqlite:///<workdir>/mlflow.db`` (which must exist)."""
-    from specmoe.tracking.tracker import default_uri
+    from specmoe.tracking.uri import default_uri
 
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
@@ -105,26 +87,29 @@ def _truthy(value: str | None) -> bool:
     return str(value).lower() in {"1", "true", "yes"}
 
 
-def _to_cell(run: Any) -> Cell | None:
+def _to_cell(run: Any) -> CellResult | None:
     t = run.data.tags
     try:
         method = t["specmoe.method"]
-        cell = Cell(run.info.run_id, t.get("specmoe.parent") or t.get("mlflow.parentRunId", ""), method,
-                    t["specmoe.dataset"], float(t["specmoe.temperature"]), int(t["specmoe.budget"]),
-                    int(t["specmoe.batch_size"]), int(run.info.start_time or 0), dict(run.data.metrics))
+        ar = _truthy(t.get("specmoe.ar")) if "specmoe.ar" in t else method.lower() in _AR_NAMES
+        return CellResult(method, t["specmoe.dataset"], float(t["specmoe.temperature"]), int(t["specmoe.budget"]),
+                          int(t["specmoe.batch_size"]), dict(run.data.metrics), autoregressive=ar,
+                          analysis_only=_truthy(t.get("specmoe.analysis_only")), run_id=run.info.run_id,
+                          parent=t.get("specmoe.parent") or t.get("mlflow.parentRunId", ""),
+                          order=int(run.info.start_time or 0))
     except (KeyError, ValueError) as exc:
         logger.debug("skipping run %s (bad cell tags: %s)", run.info.run_id, exc)
         return None
-    cell.ar = _truthy(t.get("specmoe.ar")) if "specmoe.ar" in t else method.lower() in _AR_NAMES
-    cell.analysis_only = _truthy(t.get("specmoe.analysis_only"))
-    return cell
 
 
-def load_cells(uri: str, experiment: str, run_id: str | None = None, all_runs: bool = False) -> list[Cell]:
+def load_cells(uri: str, experiment: str, run_id: str | None = None, all_runs: bool = False) -> list[CellResult]:
     """The finished cells of ``experiment``: of parent ``run_id``, of every parent (``all_runs``), or of the
     latest parent (default)."""
     from mlflow import MlflowClient
 
+    from specmoe.tracking.uri import check_uri
+
+    check_uri(uri)
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -148,96 +133,83 @@ def load_cells(uri: str, experiment: str, run_id: str | None = None, all_runs: b
         which = f"parent run {run_id}" if run_id else f"experiment {experiment!r}"
         raise UserError(f"no finished cell runs (tag specmoe.kind=cell) in {which} at {uri}")
     if not run_id and not all_runs:
-        latest = max(cells, key=lambda c: c.start_time).parent
+        latest = max(cells, key=lambda c: c.order).parent
         cells = [c for c in cells if c.parent == latest]
     return cells
 
 
-def group_blocks(cells: Iterable[Cell]) -> list[Block]:
-    """Group cells into blocks by (temperature, budget, batch size); methods and datasets keep the order
-    in which they first ran (AR methods first); a repeated cell keeps its latest run."""
+def group_blocks(cells: Iterable[CellResult]) -> list[Block]:
+    """One block per setting (temperature, γ, batch size) of the speculative methods, each with the AR cells
+    of its temperature and batch size on its datasets; a (temperature, batch size) holding only AR cells gets
+    one block. Methods and datasets keep the order in which they first ran (AR methods first); a repeated
+    cell keeps its latest run."""
+    cells = sorted(cells, key=lambda c: c.order)
     blocks: dict[tuple[float, int, int], Block] = {}
-    for c in sorted(cells, key=lambda c: c.start_time):
-        b = blocks.setdefault((c.temperature, c.budget, c.batch_size),
-                              Block(c.temperature, c.budget, c.batch_size))
-        if c.method not in b.methods:
-            b.methods.append(c.method)
-        if c.dataset not in b.datasets:
-            b.datasets.append(c.dataset)
-        b.cells[(c.method, c.dataset)] = c
-        if c.ar:
-            b.ar_methods.add(c.method)
-        if c.analysis_only:
-            b.analysis_only.add(c.method)
-    _share_ar(list(blocks.values()))
+    own: dict[tuple[float, int, int], set[str]] = {}  # datasets of each block's own (non-AR) cells
+    for c in cells:
+        if not c.autoregressive:
+            key = (c.temperature, c.budget, c.batch_size)
+            blocks.setdefault(key, Block(*key))
+            own.setdefault(key, set()).add(c.dataset)
+    with_methods = {(t, bs) for t, _, bs in blocks}
+    for c in cells:
+        if c.autoregressive and c.setting not in with_methods:
+            key = (c.temperature, c.budget, c.batch_size)
+            blocks.setdefault(key, Block(*key, ar_only=True))
+    for c in cells:
+        for key, b in blocks.items():
+            t, g, bs = key
+            if (t, bs) != c.setting:
+                continue
+            if c.autoregressive and not b.ar_only and c.dataset not in own[key]:
+                continue  # an AR-only dataset does not add a column to a method table
+            if not c.autoregressive and g != c.budget:
+                continue
+            if c.method not in b.methods:
+                b.methods.append(c.method)
+            if c.dataset not in b.datasets:
+                b.datasets.append(c.dataset)
+            b.cells[(c.method, c.dataset)] = c
+            if c.autoregressive:
+                b.ar_methods.add(c.method)
+            if c.analysis_only:
+                b.analysis_only.add(c.method)
     for b in blocks.values():
         b.methods.sort(key=lambda m: m not in b.ar_methods)  # stable: AR first, then run order
     return [blocks[k] for k in sorted(blocks)]
 
 
-def _share_ar(blocks: list[Block]) -> None:
-    """AR does not depend on γ: a block without an AR method borrows the latest AR cells of the same
-    temperature and batch size (for its own datasets)."""
-    ar: dict[tuple[float, int, str, str], Cell] = {}
-    for b in blocks:
-        for (m, ds), c in b.cells.items():
-            key = (b.temperature, b.batch_size, m, ds)
-            if c.ar and (key not in ar or c.start_time > ar[key].start_time):
-                ar[key] = c
-    for b in blocks:
-        for (temp, bs, m, ds), c in ar.items():
-            if (temp, bs) != (b.temperature, b.batch_size) or ds not in b.datasets:
-                continue
-            if m not in b.methods:
-                b.methods.append(m)
-                b.ar_methods.add(m)
-            if m in b.ar_methods and (m, ds) not in b.cells:
-                b.cells[(m, ds)] = c
+def _names() -> tuple[str, ...]:
+    return metric_names()
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _fmt(metric: str, value: float | None, unit: str = "s") -> str:
-    if value is None:
-        return "n/a"
-    if metric == "speedup":
-        return f"{value:.2f}x"
-    if metric.startswith("t_"):
-        if unit == "s":
-            return f"{value:.3f}s"
-        ms = value * 1e3
-        return f"{ms:.1f}ms" if abs(ms) >= 100 else f"{ms:.2f}ms" if abs(ms) >= 1 else f"{ms:.3f}ms"
-    if metric in ("E", "E_pred", "tokens_per_s"):
-        return f"{value:.1f}"
-    if metric == "expert_bytes_per_step":
-        return f"{value / 2**20:.1f}MiB"
-    if metric == "predictor_accuracy":
-        return f"{value:.3f}"
-    return f"{value:.2f}"
-
-
 def _value(block: Block, method: str, metric: str, datasets: Sequence[str]) -> float | None:
     """Mean of ``metric`` of ``method`` over ``datasets`` (``None`` when no cell has it)."""
-    if method in block.ar_methods and metric == "speedup":
-        return 1.0
+    m = get_metric(metric)
+    if method in block.ar_methods and m.ar_value is not None:
+        return m.ar_value
     vals = [block.cells[(method, d)].metrics[metric] for d in datasets
             if (method, d) in block.cells and metric in block.cells[(method, d)].metrics]
     return _mean(vals)
 
 
 def _show(block: Block, method: str, metric: str, value: float | None, unit: str = "s") -> str:
-    if method in block.ar_methods and metric in _NOT_AR:
+    m = get_metric(metric)
+    if method in block.ar_methods and not m.applies_to_ar:
         return "-"
     if metric in ("t_pred", "t_draft", "t_select") and value == 0:
         return "-"  # no predictor / drafter in this method
-    return _fmt(metric, value, unit)
+    return m.format(value, unit)
 
 
 def _time_unit(block: Block) -> str:
     """One unit per table: milliseconds unless some step takes a second or more."""
-    times = [v for c in block.cells.values() for k, v in c.metrics.items() if k.startswith("t_")]
+    times = [v for c in block.cells.values() for k, v in c.metrics.items()
+             if k in _names() and get_metric(k).unit == "s"]
     return "s" if times and max(times) >= 1.0 else "ms"
 
 
@@ -272,22 +244,22 @@ def table1(block: Block, metrics: Sequence[str] = DEFAULT_METRICS) -> Table:
             row.append(" / ".join(_show(block, m, k, v, unit) for k, v in vals.items()))
             records.append({**base, "method": m, "dataset": ds or "Average", **vals})
         rows.append(row)
-    title = f"Table 1 — {block.title} — cells: {' / '.join(_LABELS.get(k, k) for k in metrics)}"
+    title = f"Table 1 — {block.title} — cells: {' / '.join(get_metric(k).label for k in metrics)}"
     return Table(title, columns, rows, records, _notes(block, None))
 
 
 def table3(block: Block) -> Table:
     """Latency breakdown per method, averaged over the block's datasets (seconds per step)."""
-    columns = ["Method", "E", "T_pred", "T_draft", "T_verify", "T_total", "α", "Speedup"]
+    columns = ["Method", *(get_metric(k).label for k in TABLE3_METRICS)]
     rows, records = [], []
     unit = _time_unit(block)
     for m in block.methods:
         vals = {k: _value(block, m, k, block.datasets) for k in TABLE3_METRICS}
-        if m in block.ar_methods:
-            vals["alpha"] = 1.0
         cells = [_show(block, m, k, v, unit) for k, v in vals.items()]
-        if m in block.ar_methods:
-            cells[TABLE3_METRICS.index("alpha")] = "1.00"
+        if m in block.ar_methods:  # fixed by definition for AR (α = 1) rather than "not applicable"
+            for i, k in enumerate(TABLE3_METRICS):
+                if get_metric(k).ar_value is not None:
+                    cells[i] = get_metric(k).format(get_metric(k).ar_value, unit)
             cells[TABLE3_METRICS.index("t_total")] += "†"
         rows.append([_method_label(block, m), *cells])
         records.append({"table": "table3", "temperature": block.temperature, "budget": block.budget,
@@ -297,17 +269,17 @@ def table3(block: Block) -> Table:
                  _notes(block, "† AR: T_total is the per-token latency (one token per step)"))
 
 
-def build_tables(cells: Iterable[Cell], metrics: Sequence[str] = DEFAULT_METRICS) -> list[Table]:
+def build_tables(cells: Iterable[CellResult], metrics: Sequence[str] = DEFAULT_METRICS) -> list[Table]:
     """Table 1 for every block, then Table 3 for every block."""
-    bad = [m for m in metrics if m not in CELL_METRICS]
+    bad = [m for m in metrics if m not in _names()]
     if bad:
         raise UserError(f"unknown metric(s) {', '.join(bad)} for --metric; "
-                        f"choose from {', '.join(CELL_METRICS)}")
+                        f"choose from {', '.join(_names())}")
     blocks = group_blocks(cells)
     return [table1(b, metrics) for b in blocks] + [table3(b) for b in blocks]
 
 
-def speedup_by_gamma(cells: Iterable[Cell], temperature: float = 0.0, batch_size: int = 1,
+def speedup_by_gamma(cells: Iterable[CellResult], temperature: float = 0.0, batch_size: int = 1,
                      metric: str = "speedup") -> dict[str, dict[int, float]]:
     """method -> {gamma: mean ``metric`` over datasets} at one temperature and batch size (input of
     :func:`specmoe.tracking.plots.fig_speedup_vs_gamma`); AR methods are left out."""
@@ -341,15 +313,7 @@ def _render_markdown(t: Table) -> str:
 
 
 def _render_csv(tables: Sequence[Table]) -> str:
-    records = [r for t in tables for r in t.records]
-    cols: dict[str, None] = {}
-    for r in records:
-        cols.update(dict.fromkeys(r))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(cols), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in records)
-    return buf.getvalue()
+    return records_csv((r for t in tables for r in t.records), lambda v: "" if v is None else v)
 
 
 def render(tables: Sequence[Table], fmt: str = "text") -> str:
@@ -367,20 +331,3 @@ def compare(uri: str, experiment: str, metrics: Sequence[str] = DEFAULT_METRICS,
             all_runs: bool = False, fmt: str = "text") -> str:
     """Load the cells and render both tables."""
     return render(build_tables(load_cells(uri, experiment, run_id, all_runs), metrics), fmt)
-
-
-def log_comparison(tracker: Any, parent_run_id: str | None,
-                   metrics: Sequence[str] = DEFAULT_METRICS, artifact_dir: str = "comparison") -> str:
-    """Log Table 1/3 of the parent run's cells as ``comparison/tables.md`` and ``comparison/tables.csv``
-    artifacts of that parent run; returns the markdown ("" with a disabled tracker or no cells yet)."""
-    if not getattr(tracker, "enabled", False) or not parent_run_id:
-        return ""
-    try:
-        tables = build_tables(load_cells(tracker.uri, tracker.experiment_name, run_id=parent_run_id), metrics)
-    except UserError as exc:
-        logger.warning("no comparison logged: %s", exc)
-        return ""
-    md = render(tables, "markdown")
-    tracker.client.log_text(parent_run_id, md, f"{artifact_dir}/tables.md")
-    tracker.client.log_text(parent_run_id, render(tables, "csv"), f"{artifact_dir}/tables.csv")
-    return md

@@ -43,6 +43,14 @@ def _unique_experts(d: Mapping[str, Any]) -> float:
     return sum(per_layer) / max(len(per_layer), 1)
 
 
+def _axis(metric: str, unit: str | None = None) -> str:
+    """An axis label from the metrics registry: ``<description> (<label>[, unit])``."""
+    from specmoe.metrics import get
+
+    m = get(metric)
+    return f"{m.description} ({m.label}{', ' + unit if unit else ''})"
+
+
 def _color(i: int) -> str:
     return f"C{i % 10}"
 
@@ -79,8 +87,8 @@ def fig_latency_vs_experts(records: Records, title: str | None = None) -> Any:
             lw=1.2,
             label=f"fit: {slope:.3g} ms / expert",
         )
-    ax.set_xlabel("unique experts per MoE layer in the verification pass (E)")
-    ax.set_ylabel("verification latency (ms)")
+    ax.set_xlabel(_axis("E"))
+    ax.set_ylabel(_axis("t_verify", "ms"))
     ax.set_title(title or "Verification latency vs active experts")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -217,7 +225,7 @@ def fig_speedup_vs_gamma(speedups: Mapping[str, Mapping[int, float]], title: str
     ax.axhline(1.0, color="gray", ls=":", lw=1.2, label="AR")
     ax.set_xticks(sorted(gammas))
     ax.set_xlabel("verification budget γ (tokens per step, bonus included)")
-    ax.set_ylabel("speedup vs AR")
+    ax.set_ylabel(_axis("speedup"))
     ax.set_title(title or "Speedup vs verification budget")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -25,6 +25,7 @@ def fit_module(module: Any, loader: Any, opts: Any, out_dir: Any, ctx: Any, run_
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
+    from specmoe.training.checkpoints import resume_checkpoint
     from specmoe.training.trainer import build_trainer, mlflow_logger
 
     out = Path(out_dir)
@@ -38,7 +39,7 @@ def fit_module(module: Any, loader: Any, opts: Any, out_dir: Any, ctx: Any, run_
     trainer = build_trainer(opts, out / "lightning", callbacks=[ckpt], logger=loggers)
     last = ckpt_dir / "last.ckpt"
     trainer.fit(module, train_dataloaders=loader, val_dataloaders=val_loader,
-                ckpt_path=str(last) if last.is_file() else None)
+                ckpt_path=resume_checkpoint(last))
     return trainer
 
 

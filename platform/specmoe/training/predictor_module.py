@@ -129,13 +129,15 @@ def export_from_checkpoint(ckpt_path: str | Path, out_dir: str | Path,
     """Write the exported predictor directory from a Lightning checkpoint of :class:`PredictorModule`."""
     from safetensors.torch import save_file
 
+    from specmoe.utils.files import atomic_path
+
     ckpt = torch.load(str(ckpt_path), map_location="cpu", weights_only=False)
     hp = dict(ckpt["hyper_parameters"])
     state = {k[len("net."):]: v.contiguous() for k, v in ckpt["state_dict"].items() if k.startswith("net.")}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out / "model.safetensors.tmp"))
-    (out / "model.safetensors.tmp").replace(out / "model.safetensors")
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file(state, str(tmp))
     (out / "config.json").write_text(ckpt["backbone_config_json"])
     meta = {"format": PREDICTOR_FORMAT, "version": 1,
             **{k: hp[k] for k in ("num_layers", "num_experts", "top_k", "target_hidden", "target_vocab",

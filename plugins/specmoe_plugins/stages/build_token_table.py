@@ -32,10 +32,10 @@ class BuildTokenTable(Stage):
         """tokens seen fewer times use the global fallback."""
 
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
-        from specmoe.stages.dist import dist_env
         from specmoe.traces.evaluate import evaluate_lookup
         from specmoe.traces.format import TraceReader
         from specmoe.traces.token_table import build_token_table
+        from specmoe.utils.dist import dist_info
 
         cfg = self.config
         if not cfg.traces:
@@ -52,6 +52,6 @@ class BuildTokenTable(Stage):
             summary[f"{cfg.eval_split}_acc"] = res["acc"]
             summary[f"{cfg.eval_split}_acc_per_layer"] = res["acc_per_layer"]
             table.meta[f"{cfg.eval_split}_acc"] = res["acc"]
-        if dist_env()[0] == 0:
+        if dist_info().rank == 0:
             table.save(out_dir)
         return summary

@@ -53,9 +53,9 @@ class CollectTraces(Stage):
 
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         from specmoe.data.samples import load_samples
-        from specmoe.stages.dist import dist_env
         from specmoe.stages.options import build_option, build_target, option_components
         from specmoe.traces.collect import CollectOptions, collect_traces
+        from specmoe.utils.dist import dist_info
 
         cfg = self.config
         specs = option_components(cfg, "dataset") + option_components(cfg, "datasets")
@@ -63,7 +63,8 @@ class CollectTraces(Stage):
             raise UserError("collect_traces: set 'dataset' ({name: ..., split: ...}) or 'datasets'")
         if not 0.0 <= cfg.test_fraction < 1.0:
             raise UserError(f"collect_traces.test_fraction must be in [0, 1), got {cfg.test_fraction}")
-        rank, world, local = dist_env()
+        info = dist_info()
+        rank, world, local = info.rank, info.world, info.local_rank
         samples = load_samples(specs, "collect_traces.datasets")
         topts = option_components(cfg, "target")[0].options
         if world > 1 and str(topts.get("device") or ctx.device) == "cuda" and not topts.get("device_map"):

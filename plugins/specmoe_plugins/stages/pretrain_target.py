@@ -108,6 +108,7 @@ class PretrainTarget(Stage):
         import lightning as L
         import torch
 
+        from specmoe.training.checkpoints import resume_checkpoint
         from specmoe.training.pretrain import PretrainLM
         from specmoe.training.text_data import TextDataModule
 
@@ -137,7 +138,7 @@ class PretrainTarget(Stage):
         started = time.time()
         with warnings.catch_warnings():  # TextDataModule resumes mid-epoch itself (SeededSampler.resume_at)
             warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
-            trainer.fit(module, datamodule=data, ckpt_path=str(ckpt) if ckpt.is_file() else None)
+            trainer.fit(module, datamodule=data, ckpt_path=resume_checkpoint(ckpt))
         trainer.save_checkpoint(str(ckpt))
         if not trainer.is_global_zero:  # multi-process runs: rank 0 exports and evaluates
             return {"complete": False, "rank": int(trainer.global_rank)}

@@ -139,6 +139,7 @@ class TrainPredictor(Stage):
         from lightning.pytorch.callbacks import ModelCheckpoint
         from lightning.pytorch.loggers import CSVLogger
 
+        from specmoe.training.checkpoints import resume_checkpoint
         from specmoe.training.predictor_data import RoutingTraceDataModule
         from specmoe.training.predictor_module import PredictorModule, export_from_checkpoint
         from specmoe.training.trainer import build_trainer, mlflow_logger
@@ -167,7 +168,7 @@ class TrainPredictor(Stage):
         trainer = build_trainer(topts, out, callbacks=callbacks, logger=loggers,
                                 use_distributed_sampler=False)  # the DataModule's sampler splits batches
         last = out / "checkpoints" / "last.ckpt"
-        trainer.fit(module, dm, ckpt_path=str(last) if last.is_file() else None)
+        trainer.fit(module, dm, ckpt_path=resume_checkpoint(last))
         final = out / "checkpoints" / "final.ckpt"
         trainer.save_checkpoint(final, weights_only=True)
         results = trainer.validate(module, datamodule=dm, verbose=False)  # final held-out metrics

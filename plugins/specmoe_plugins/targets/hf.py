@@ -94,8 +94,14 @@ class HFTarget(Target):
         cfg = self.config
         path = self.resolve_path()
         dtype = torch_dtype(cfg.dtype, where="target.dtype")
-        hf_cfg = transformers.AutoConfig.from_pretrained(path, revision=cfg.revision,
-                                                         local_files_only=cfg.local_files_only)
+        fix = ("re-download or re-export the checkpoint (if a stage made it: 'platform cache clean <stage id>' "
+               "and rerun)")
+        try:
+            hf_cfg = transformers.AutoConfig.from_pretrained(path, revision=cfg.revision,
+                                                             local_files_only=cfg.local_files_only)
+        except (OSError, ValueError) as exc:
+            where = Path(path) / "config.json" if Path(path).is_dir() else path
+            raise UserError(f"target: cannot read {where}: {str(exc).splitlines()[0]}; {fix}") from exc
         kwargs: dict[str, Any] = dict(dtype=dtype, attn_implementation=cfg.attn_implementation or "eager",
                                       revision=cfg.revision, local_files_only=cfg.local_files_only)
         qcfg = getattr(hf_cfg, "quantization_config", None)
@@ -105,8 +111,22 @@ class HFTarget(Target):
             kwargs["device_map"] = cfg.device_map
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        except OSError as exc:
-            raise UserError(f"cannot load target '{path}': {exc}") from exc
+        except Exception as exc:  # truncated / corrupted weights, missing shards: name the file
+            from safetensors import safe_open
+
+            damaged = []
+            for f in sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []:
+                try:
+                    with safe_open(str(f), "pt"):
+                        pass
+                except Exception as bad:  # noqa: BLE001 - any failure to open it is the reason
+                    damaged.append(f"{f} ({str(bad).splitlines()[0]})")
+            if damaged:
+                raise UserError(f"target: damaged weights file {', '.join(damaged)}: it is truncated or not a "
+                                f"safetensors file; {fix}") from exc
+            if isinstance(exc, OSError):
+                raise UserError(f"cannot load target '{path}': {exc}") from exc
+            raise
         if not cfg.device_map:
             model.to(cfg.device or "cpu")
         model.eval()

@@ -25,6 +25,7 @@ from typing import Any, Optional
 import torch
 
 from specmoe.errors import UserError
+from specmoe.utils.files import atomic_path
 from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model
 from specmoe_plugins.drafters.eagle3.vocab_map import check_vocab_map
 
@@ -252,8 +253,7 @@ def save_eagle3(model: Eagle3Model, out_dir: str | Path, *, save_embed_tokens: b
         sd[k] = t.contiguous()
     wdt = dtype or model.fc.weight.dtype
     cfg = model.config.replace(torch_dtype=str(wdt).replace("torch.", ""))
-    tmp = out / (WEIGHTS_NAME + ".tmp")
-    save_file(sd, str(tmp), metadata={"format": "pt"})
-    tmp.replace(out / WEIGHTS_NAME)
+    with atomic_path(out / WEIGHTS_NAME) as tmp:
+        save_file(sd, str(tmp), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     return out

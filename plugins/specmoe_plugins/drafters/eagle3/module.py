@@ -134,4 +134,3 @@ class Eagle3Module(L.LightningModule):
         root_lp = torch.log_softmax(out.logits[0][rows, positions].detach().float(), dim=-1)
         return draft_pool(model, ctx, input_ids[rows, positions + 1], out.hidden[0][rows, positions].detach(),
                           root_lp, positions, steps, top_k)
-

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from specmoe.errors import UserError
+from specmoe.utils.files import atomic_path
 
 __all__ = ["MTP_SECTION", "hub_checkpoint", "read_config", "checkpoint_files", "mtp_keys", "read_mtp_tensors",
            "dequantize_fp8", "save_mtp_head", "default_layer_index", "load_head", "export_head"]
@@ -200,9 +201,8 @@ def save_mtp_head(out_dir: str | Path, tensors: dict[str, torch.Tensor], config:
     out.mkdir(parents=True, exist_ok=True)
     prefix = f"model.layers.{layer_index}."
     flat = {prefix + k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    tmp = out / "model.safetensors.tmp"
-    save_file(flat, str(tmp), metadata={"format": "pt", "specmoe": "mtp"})
-    tmp.replace(out / "model.safetensors")
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file(flat, str(tmp), metadata={"format": "pt", "specmoe": "mtp"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
     return out
 

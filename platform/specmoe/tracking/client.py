@@ -19,126 +19,32 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import logging
 import os
-import re
 import time
 import traceback
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 from urllib.parse import urlparse
 
-__all__ = ["Tracker", "NullTracker", "RunHandle", "NullRun", "FoundRun", "CELL_METRICS", "CELL_TAGS",
-           "CELL_OPTIONAL_TAGS", "CELL_KIND", "PARENT_KIND", "ERROR_TAG", "ERROR_ARTIFACT", "cell_tags",
-           "cell_run_name", "flatten_params", "default_uri", "env_params"]
+from specmoe.tracking.schema import (
+    ERROR_ARTIFACT,
+    ERROR_TAG,
+    MAX_TAG_VALUE,
+    METRICS_PER_BATCH,
+    PARAMS_PER_BATCH,
+    flatten_params,
+    records_csv,
+    safe_key,
+)
+from specmoe.tracking.uri import check_uri, resolve_uri, sqlite_path
+from specmoe.utils.files import FileLock
+
+__all__ = ["Tracker", "NullTracker", "RunHandle", "NullRun", "FoundRun"]
 
 logger = logging.getLogger(__name__)
-
-#: metric names of a nested cell run (logged by the evaluation; read by ``platform compare``).
-CELL_METRICS = ("speedup", "alpha", "E", "E_pred", "expert_bytes_per_step", "t_pred", "t_draft", "t_select",
-                "t_verify", "t_total", "rho", "tokens_per_s", "predictor_accuracy", "matches_ar")
-#: tags identifying a nested cell run.
-CELL_TAGS = ("specmoe.kind", "specmoe.method", "specmoe.dataset", "specmoe.temperature", "specmoe.budget",
-             "specmoe.batch_size", "specmoe.parent")
-#: optional cell tags ``platform compare`` understands: ``"true"`` marks the AR baseline row / an
-#: analysis-only method (oracle expert sets: its speedup is not a real one).
-CELL_OPTIONAL_TAGS = ("specmoe.ar", "specmoe.analysis_only")
-CELL_KIND = "cell"
-PARENT_KIND = "recipe"
-ERROR_TAG = "specmoe.error"
-ERROR_ARTIFACT = "error.txt"
-
-_MAX_KEY = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
-_MAX_PARAM_VALUE = 6000  # MAX_PARAM_VAL_LENGTH
-_MAX_TAG_VALUE = 8000  # MAX_TAG_VAL_LENGTH
-_PARAMS_PER_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH
-_METRICS_PER_BATCH = 1000  # MAX_METRICS_PER_BATCH
-_BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
-
-
-def _fmt_float(value: float) -> str:
-    return repr(float(value))
-
-
-def cell_tags(method: str, dataset: str, temperature: float, budget: int, batch_size: int,
-              parent: str | None = None) -> dict[str, str]:
-    """The canonical tags of one evaluation cell (values formatted the same way on log and search).
-
-    Args:
-        method: method name from the recipe.
-        dataset: dataset name (registry key or recipe label).
-        temperature: target decoding temperature (formatted as ``repr(float)``: ``"0.0"``, ``"1.0"``).
-        budget: gamma, tokens verified per step including the bonus token.
-        batch_size: generation batch size.
-        parent: run id of the parent (recipe) run.
-    """
-    tags = {"specmoe.kind": CELL_KIND, "specmoe.method": str(method), "specmoe.dataset": str(dataset),
-            "specmoe.temperature": _fmt_float(temperature), "specmoe.budget": str(int(budget)),
-            "specmoe.batch_size": str(int(batch_size))}
-    if parent:
-        tags["specmoe.parent"] = parent
-    return tags
-
-
-def cell_run_name(tags: Mapping[str, str]) -> str:
-    """A readable run name for a cell, e.g. ``ecospec/gsm8k/T=0.0/g=4/bs=1``."""
-    return (f"{tags['specmoe.method']}/{tags['specmoe.dataset']}/T={tags['specmoe.temperature']}"
-            f"/g={tags['specmoe.budget']}/bs={tags['specmoe.batch_size']}")
-
-
-def flatten_params(obj: Any, prefix: str = "") -> dict[str, str]:
-    """Flatten nested mappings / lists / dataclasses to ``{"a.b.0.c": "value"}``.
-
-    Lists of scalars stay one JSON value (``eval.temperatures = "[0.0, 1.0]"``); lists holding mappings
-    are indexed. Keys are made MLflow-safe (invalid characters become ``_``, at most 250 characters) and
-    values are truncated to MLflow's 6000-character limit.
-    """
-    if is_dataclass(obj) and not isinstance(obj, type):
-        from specmoe.config.validate import to_plain
-
-        obj = to_plain(obj)
-    out: dict[str, str] = {}
-
-    def walk(value: Any, key: str) -> None:
-        if isinstance(value, Mapping):
-            if not value and key:
-                out[key] = "{}"
-            for k, v in value.items():
-                walk(v, f"{key}.{k}" if key else str(k))
-        elif isinstance(value, (list, tuple)) and any(isinstance(v, (Mapping, list, tuple)) for v in value):
-            for i, v in enumerate(value):
-                walk(v, f"{key}.{i}" if key else str(i))
-        else:
-            if isinstance(value, (list, tuple)):
-                text = json.dumps(list(value), default=str)
-            else:
-                text = str(value)
-            out[_safe_key(key or "value")] = text[:_MAX_PARAM_VALUE]
-
-    walk(obj, prefix)
-    return out
-
-
-def _safe_key(key: str) -> str:
-    key = _BAD_KEY_CHARS.sub("_", key).strip("/") or "_"
-    return key[:_MAX_KEY]
-
-
-def default_uri(workdir: Path) -> str:
-    """``sqlite:///<workdir>/mlflow.db`` (absolute)."""
-    return f"sqlite:///{(Path(workdir).resolve() / 'mlflow.db').as_posix()}"
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri[len("sqlite:///"):]
-    return Path(path) if path and path != ":memory:" else None
-
 
 @dataclass
 class FoundRun:
@@ -175,8 +81,8 @@ class RunHandle:
                 continue
             new[k] = v
         items = list(new.items())
-        for i in range(0, len(items), _PARAMS_PER_BATCH):
-            chunk = items[i:i + _PARAMS_PER_BATCH]
+        for i in range(0, len(items), PARAMS_PER_BATCH):
+            chunk = items[i:i + PARAMS_PER_BATCH]
             self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in chunk])
         self._known.update(new)
 
@@ -185,17 +91,17 @@ class RunHandle:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(_safe_key(k), float(v), now, int(step or 0)) for k, v in metrics.items()
+        items = [Metric(safe_key(k), float(v), now, int(step or 0)) for k, v in metrics.items()
                  if v is not None]
-        for i in range(0, len(items), _METRICS_PER_BATCH):
-            self._client.log_batch(self.run_id, metrics=items[i:i + _METRICS_PER_BATCH])
+        for i in range(0, len(items), METRICS_PER_BATCH):
+            self._client.log_batch(self.run_id, metrics=items[i:i + METRICS_PER_BATCH])
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        items = [RunTag(_safe_key(k), str(v)[:_MAX_TAG_VALUE]) for k, v in tags.items()]
-        for i in range(0, len(items), _PARAMS_PER_BATCH):
-            self._client.log_batch(self.run_id, tags=items[i:i + _PARAMS_PER_BATCH])
+        items = [RunTag(safe_key(k), str(v)[:MAX_TAG_VALUE]) for k, v in tags.items()]
+        for i in range(0, len(items), PARAMS_PER_BATCH):
+            self._client.log_batch(self.run_id, tags=items[i:i + PARAMS_PER_BATCH])
 
     def log_dict(self, obj: Any, path: str) -> None:
         """Log a JSON/YAML artifact (format from the extension of ``path``)."""
@@ -213,16 +119,8 @@ class RunHandle:
         if path.endswith(".json"):
             self._client.log_text(self.run_id, json.dumps(list(rows), default=str), path)
             return
-        cols: dict[str, None] = {}
-        for row in rows:
-            cols.update(dict.fromkeys(row))
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(cols), lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v
-                             for k, v in row.items()})
-        self._client.log_text(self.run_id, buf.getvalue(), path)
+        text = records_csv(rows, lambda v: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v)
+        self._client.log_text(self.run_id, text, path)
 
     def log_figure(self, fig: Any, path: str, close: bool = True) -> None:
         """Log a matplotlib figure as an image artifact (PNG unless ``path`` says otherwise)."""
@@ -287,13 +185,19 @@ class Tracker:
 
     enabled = True
 
-    def __init__(self, uri: str, experiment: str, artifact_location: str | None = None):
+    def __init__(self, uri: str, experiment: str, artifact_location: str | None = None, check: bool = True):
+        if check:
+            check_uri(uri)
+        db = sqlite_path(uri)
+        # a new sqlite store is created (schema migrations) by one process at a time
+        lock = FileLock(db.with_name(db.name + ".lock"), f"the MLflow store {db}") if db is not None else None
+        with lock or contextlib.nullcontext():
+            self._open(uri, experiment, artifact_location, db)
+
+    def _open(self, uri: str, experiment: str, artifact_location: str | None, db: Path | None) -> None:
         from mlflow import MlflowClient
 
         logging.getLogger("alembic").setLevel(logging.WARNING)  # sqlite schema migrations on first use
-        db = _sqlite_path(uri)
-        if db is not None:
-            db.parent.mkdir(parents=True, exist_ok=True)
         self.uri = uri
         self.experiment_name = experiment
         self.client = MlflowClient(tracking_uri=uri)
@@ -327,15 +231,11 @@ class Tracker:
         """
         if tracking_cfg is not None and not getattr(tracking_cfg, "enabled", True):
             return NullTracker()
-        uri = cls.resolve_uri(tracking_cfg, workdir)
+        uri = resolve_uri(tracking_cfg, workdir)
         experiment = getattr(tracking_cfg, "experiment", None) or default_experiment
         return cls(uri, experiment, getattr(tracking_cfg, "artifact_location", None))
 
-    @staticmethod
-    def resolve_uri(tracking_cfg: Any, workdir: Path) -> str:
-        """``tracking.uri`` > ``$MLFLOW_TRACKING_URI`` > ``sqlite:///<workdir>/mlflow.db``."""
-        return (getattr(tracking_cfg, "uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
-                or default_uri(workdir))
+    resolve_uri = staticmethod(resolve_uri)
 
     @contextlib.contextmanager
     def run(self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
@@ -346,7 +246,7 @@ class Tracker:
         Ctrl-C) with the error in the ``specmoe.error`` tag and the traceback in ``error.txt``, and the
         exception is re-raised.
         """
-        all_tags = {str(k): str(v)[:_MAX_TAG_VALUE] for k, v in (tags or {}).items()}
+        all_tags = {str(k): str(v)[:MAX_TAG_VALUE] for k, v in (tags or {}).items()}
         if parent_run_id:
             all_tags.setdefault("mlflow.parentRunId", parent_run_id)
             all_tags.setdefault("specmoe.parent", parent_run_id)
@@ -365,7 +265,35 @@ class Tracker:
         except BaseException as exc:
             self._fail(handle, exc)
             raise
+        if run_id is not None:
+            self._clear_error(run_id)
         self.client.set_terminated(handle.run_id, status="FINISHED")
+
+    def _clear_error(self, run_id: str) -> None:
+        """A reopened run that finished: drop the error record of the attempt that failed before."""
+        run = self.client.get_run(run_id)
+        if ERROR_TAG in run.data.tags:
+            self.client.delete_tag(run_id, ERROR_TAG)
+        if not any(f.path == ERROR_ARTIFACT for f in self.client.list_artifacts(run_id)):
+            return
+        try:
+            from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+            get_artifact_repository(run.info.artifact_uri).delete_artifacts(ERROR_ARTIFACT)
+        except Exception as exc:  # noqa: BLE001 - a store that cannot delete: say it is resolved instead
+            logger.debug("cannot delete %s of run %s (%s); marking it resolved", ERROR_ARTIFACT, run_id, exc)
+            self.client.log_text(run_id, "resolved: the run was resumed and finished\n", ERROR_ARTIFACT)
+
+    def end_stale_children(self, parent_run_id: str) -> list[str]:
+        """Mark KILLED the runs nested under ``parent_run_id`` that are still RUNNING: they belong to an
+        attempt that was killed (call only when no other process works on this parent). Returns their ids."""
+        runs = self.client.search_runs([self.experiment_id], filter_string=(
+            f"tags.`mlflow.parentRunId` = '{parent_run_id}' and attributes.status = 'RUNNING'"), max_results=1000)
+        for r in runs:
+            self.client.set_tag(r.info.run_id, ERROR_TAG, "killed: its process ended without closing it; the "
+                                                          "parent run was resumed")
+            self.client.set_terminated(r.info.run_id, status="KILLED")
+        return [r.info.run_id for r in runs]
 
     def _fail(self, handle: RunHandle, exc: BaseException) -> None:
         status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
@@ -409,80 +337,3 @@ def _literal(value: str) -> str | None:
     if '"' not in value:
         return f'"{value}"'
     return None
-
-_PACKAGES = ("specmoe", "torch", "transformers", "lightning", "torchmetrics", "mlflow", "triton")
-
-
-def env_params() -> dict[str, str]:
-    """Versions, git sha and hardware, as flat ``env.*`` params.
-
-    * ``env.pkg.<dist>``: specmoe, torch, transformers, lightning, torchmetrics, mlflow, triton (when
-      installed) and every distribution that provides ``specmoe.*`` entry points (plugins);
-    * ``env.git.sha`` / ``env.git.dirty``: of the repository holding the specmoe sources, if any;
-    * ``env.hw.*``: CPU model and cores, GPU names and memory (only when torch is importable and CUDA is
-      available), python version.
-    """
-    import platform as std_platform
-    from importlib import metadata
-
-    out: dict[str, str] = {"env.python": std_platform.python_version()}
-    dists = {name: None for name in _PACKAGES}
-    try:
-        for ep in metadata.entry_points():
-            if ep.group.startswith("specmoe.") and ep.dist is not None:
-                dists.setdefault(ep.dist.name, None)
-    except Exception as exc:  # broken metadata of an unrelated distribution
-        logger.debug("entry point scan failed: %s", exc)
-    for name in dists:
-        try:
-            out[f"env.pkg.{name}"] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    out.update(_git_info())
-    out.update(_hardware())
-    return out
-
-
-def _git_info() -> dict[str, str]:
-    import subprocess
-
-    import specmoe
-
-    src = Path(specmoe.__file__).resolve().parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True,
-                             timeout=10)
-        if sha.returncode != 0:
-            return {}
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {"env.git.sha": sha.stdout.strip(), "env.git.dirty": str(bool(dirty.stdout.strip())).lower()}
-
-
-def _hardware() -> dict[str, str]:
-    import platform as std_platform
-
-    cpu = std_platform.processor() or std_platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    out = {"env.hw.cpu": cpu, "env.hw.cpu_count": str(os.cpu_count() or 0)}
-    try:
-        import torch
-    except ImportError:
-        return out
-    if torch.cuda.is_available():
-        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
-        out["env.hw.gpu_count"] = str(len(props))
-        out["env.hw.gpus"] = ", ".join(p.name for p in props)
-        out["env.hw.gpu_memory_gb"] = ", ".join(f"{p.total_memory / 2**30:.1f}" for p in props)
-        out["env.hw.cuda"] = str(torch.version.cuda)
-    else:
-        out["env.hw.gpu_count"] = "0"
-    return out

@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``platform traces evaluate --traces DIR -p learned:path=DIR -p token_table:path=DIR -p router_on_embedding``:
+held-out top-K routing accuracy of expert predictors on a routing-trace directory."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("traces", help="routing traces: platform traces evaluate --traces DIR -p PREDICTOR...")
+    inner = p.add_subparsers(dest="action", metavar="ACTION")
+    ev = inner.add_parser(
+        "evaluate", help="held-out top-K accuracy of expert predictors on routing traces",
+        description="Replays each held-out traced sample through each predictor's decoding interface and "
+        "prints its top-K overlap accuracy (overall and per layer), then all results as one JSON line.")
+    ev.add_argument("--traces", required=True, help="trace directory (a collect_traces stage's output)")
+    ev.add_argument("--split", default="test")
+    ev.add_argument("--target", default=None, help="target checkpoint (default: the one recorded in the traces)")
+    ev.add_argument("--target-plugin", default="hf", help="target plugin name (default: hf)")
+    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--max-samples", type=int, default=None)
+    ev.add_argument("-p", "--predictor", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
+                    help="predictor to evaluate, with options (repeat for several)")
+    ev.set_defaults(func=run)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+
+
+def _options(text: str) -> dict[str, str]:
+    from specmoe.errors import UserError
+
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UserError(f"predictor option '{item}' is not KEY=VALUE (e.g. -p learned:path=DIR)")
+        out[key] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from specmoe.registry import predictors, targets
+    from specmoe.traces.evaluate import evaluate_predictor
+    from specmoe.traces.format import TraceReader
+
+    reader = TraceReader(args.traces)
+    target = targets.get(args.target_plugin)(path=args.target or reader.meta.target["path"], device=args.device)
+    results = {}
+    for spec in args.predictor:
+        name, _, opts = spec.partition(":")
+        pred = predictors.get(name)(**_options(opts))
+        pred.setup(target)
+        res = evaluate_predictor(pred, reader, args.split, max_samples=args.max_samples, device=args.device)
+        results[spec] = res
+        print(f"{spec}: acc={res['acc']:.4f} per layer={[round(a, 4) for a in res['acc_per_layer']]} "
+              f"tokens={res['tokens']}")
+    print(json.dumps(results))
+    return 0

@@ -1,0 +1,161 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One evaluation group: AR and every (method, γ) of a recipe on one dataset at one (temperature, batch size).
+
+Fair timing: the members of a group run on the same prompt batch one after another, batch by batch, with
+the order rotated every batch (batch ``i`` starts with member ``i mod n``), so background load and thermal
+drift hit all of them alike, and every speedup is computed against the AR measurement of the same group:
+the same prompts, the same process, minutes apart at most.
+
+Resumption: each finished batch (all members) is stored in ``<dir>/batch-<i>.json``; a killed run redoes at
+most the batch in flight. ``<dir>/cells.json`` holds the finished group's cells.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from specmoe.errors import CellFailed
+from specmoe.evaluation.cell import build_cell, run_batch, warm_up
+from specmoe.evaluation.results import CellResult
+from specmoe.interfaces.dataset import Sample
+from specmoe.metrics import derive
+from specmoe.utils.files import atomic_write_json
+
+__all__ = ["Member", "EvalGroup"]
+
+logger = logging.getLogger(__name__)
+CELLS = "cells.json"
+
+
+@dataclass
+class Member:
+    """One method at one γ inside a group (AR: ``budget`` 1, ``autoregressive`` True)."""
+
+    name: str
+    budget: int
+    build: Callable[[], Any]
+    """returns the :class:`~specmoe.evaluation.method.Method` (built on first use)."""
+    autoregressive: bool = False
+    analysis_only: bool = False
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}@{self.budget}"
+
+
+class EvalGroup:
+    """Runs (or reads back) one group.
+
+    Args:
+        directory: the group's cache directory (its name is the group key).
+        members: AR first, then the methods.
+        samples: the dataset's samples, in order.
+        dataset, temperature, batch_size: the group's coordinates.
+        render / decode: prompt rendering and detokenization.
+        decoding: ``steps``, ``top_k`` and the :class:`~specmoe.decoding.stopping.StopRule` ``stop``.
+        warmup, seed: untimed generations per member before its first timed batch; sampling seed.
+        target_facts: ``bytes_per_expert`` and ``num_moe_layers`` of the target.
+        progress: a tqdm-like bar (``update(n)``).
+    """
+
+    def __init__(self, directory: Path, members: Sequence[Member], samples: Sequence[Sample], *, dataset: str,
+                 temperature: float, batch_size: int, render: Callable, decode: Callable, decoding: dict[str, Any],
+                 warmup: int, seed: int, target_facts: dict[str, int], progress: Any = None) -> None:
+        self.dir = Path(directory)
+        self.members = list(members)
+        self.samples = list(samples)
+        self.dataset, self.temperature, self.batch_size = dataset, temperature, batch_size
+        self.render, self.decode = render, decode
+        self.decoding, self.warmup, self.seed = decoding, warmup, seed
+        self.facts = target_facts
+        self.progress = progress
+
+    @property
+    def key(self) -> str:
+        return self.dir.name
+
+    def batches(self) -> list[list[Sample]]:
+        bs = self.batch_size
+        return [self.samples[i:i + bs] for i in range(0, len(self.samples), bs)]
+
+    def is_done(self) -> bool:
+        return (self.dir / CELLS).is_file()
+
+    def load(self) -> list[CellResult]:
+        cells = [CellResult.from_json(d) for d in json.loads((self.dir / CELLS).read_text())]
+        for c in cells:
+            c.cached = True
+        return cells
+
+    def _batch_file(self, i: int) -> Path:
+        return self.dir / f"batch-{i:05d}.json"
+
+    def run(self) -> list[CellResult]:
+        """The group's cells: read back when finished, else computed (resuming after the last stored batch)."""
+        if self.is_done():
+            self._tick(len(self.samples) * len(self.members))
+            return self.load()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        batches = self.batches()
+        done = {i: json.loads(self._batch_file(i).read_text()) for i in range(len(batches))
+                if self._batch_file(i).is_file()}
+        if done:
+            logger.info("evaluation group %s: %d of %d prompt batches already measured; continuing", self.key,
+                        len(done), len(batches))
+            self._tick(sum(len(batches[i]) for i in done) * len(self.members))
+        warmed: set[str] = set()
+        for i, batch in enumerate(batches):
+            if i in done:
+                continue
+            k = i % len(self.members)
+            records = {}
+            for m in self.members[k:] + self.members[:k]:  # rotated: nobody always runs first
+                records[m.id] = self._run(m, batch, i, warmed)
+                self._tick(len(batch))
+            atomic_write_json(self._batch_file(i), records)
+            done[i] = records
+        cells = self._cells([done[i] for i in range(len(batches))])
+        atomic_write_json(self.dir / CELLS, [c.to_json() for c in cells])
+        for i in range(len(batches)):
+            self._batch_file(i).unlink(missing_ok=True)
+        return cells
+
+    def _run(self, m: Member, batch: list[Sample], index: int, warmed: set[str]) -> dict[str, Any]:
+        d = self.decoding
+        kw = dict(budget=m.budget, temperature=self.temperature, steps=d["steps"], top_k=d["top_k"],
+                  stop=d["stop"])
+        try:
+            method = m.build()
+            if m.id not in warmed:
+                warm_up(method, self.samples[0], self.render, self.warmup, seed=self.seed, **kw)
+                warmed.add(m.id)
+            return run_batch(method, batch, self.render, self.decode, seed=self.seed + index * 31 * self.batch_size,
+                             **kw)
+        except Exception as exc:
+            raise CellFailed(self._label(m), exc) from exc
+
+    def _label(self, m: Member) -> str:
+        gamma = "" if m.autoregressive else f" / γ={m.budget}"
+        return f"{m.name} / {self.dataset} / T={self.temperature}{gamma} / bs={self.batch_size}"
+
+    def _cells(self, batches: list[dict[str, Any]]) -> list[CellResult]:
+        built = []
+        for m in self.members:
+            cell, data = build_cell([b[m.id] for b in batches], method=m.name, dataset=self.dataset,
+                                    temperature=self.temperature, budget=m.budget, batch_size=self.batch_size,
+                                    autoregressive=m.autoregressive, analysis_only=m.analysis_only, **self.facts)
+            cell.key = self.key
+            built.append((cell, data))
+        ar_cell, ar_data = next((c, d) for c, d in built if c.autoregressive)
+        for cell, data in built:
+            cell.metrics.update(derive(data, ar_data, cell.metrics, ar_cell.metrics, cell.autoregressive))
+        return [c for c, _ in built]
+
+    def _tick(self, n: int) -> None:
+        if self.progress is not None and n:
+            self.progress.update(n)
+

@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One result type for an evaluation cell, from the evaluation to the report, MLflow and ``platform compare``.
+
+A cell is one method on one dataset at one (temperature, γ, batch size). The evaluation fills every field;
+``platform compare`` rebuilds cells from MLflow runs with the coordinates, flags and metrics only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Optional
+
+__all__ = ["CellResult"]
+
+#: fields too large for ``results.json`` and MLflow params (kept in the cache and as artifacts)
+BULKY = ("per_sample", "outputs", "steps", "expert_counts")
+
+
+@dataclass
+class CellResult:
+    """An evaluation cell.
+
+    Attributes:
+        method, dataset, temperature, budget, batch_size: the cell's coordinates (``budget`` is γ; 1 for AR).
+        metrics: metric name -> value (names from :mod:`specmoe.metrics`).
+        autoregressive: the AR baseline of its group.
+        analysis_only: results for analysis (e.g. oracle expert sets), never a real speedup.
+        key: the evaluation group it was measured in (cache key).
+        run_id / parent: its MLflow run and the recipe (parent) run.
+        order: position in the run (``platform compare``: MLflow start time); later wins on repeats.
+        cached: read back from the evaluation cache instead of measured now.
+        per_sample: ``{"id", "new_tokens", "seconds", "batch_tokens_per_s"}`` per sample.
+        outputs: ``{"id", "turns" (text), "tokens" (ids per turn)}`` per sample.
+        steps: step records (``StepRecord.to_dict()``).
+        expert_counts: ``[L][E]`` activations of verified tokens (paper Fig. 4); ``None`` for AR.
+    """
+
+    method: str
+    dataset: str
+    temperature: float
+    budget: int
+    batch_size: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    autoregressive: bool = False
+    analysis_only: bool = False
+    key: str = ""
+    run_id: str = ""
+    parent: str = ""
+    order: int = 0
+    cached: bool = False
+    per_sample: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    expert_counts: Optional[list[list[int]]] = None
+
+    @property
+    def label(self) -> str:
+        """``ecospec / gsm8k / T=0.0 / γ=4 / bs=1``."""
+        gamma = "" if self.autoregressive else f" / γ={self.budget}"
+        return f"{self.method} / {self.dataset} / T={self.temperature}{gamma} / bs={self.batch_size}"
+
+    @property
+    def setting(self) -> tuple[float, int]:
+        """(temperature, batch size): the cells that share one AR measurement per dataset."""
+        return self.temperature, self.batch_size
+
+    def to_json(self, bulky: bool = True) -> dict[str, Any]:
+        """JSON-able dict (without the bulky per-sample data when ``bulky`` is False)."""
+        d = asdict(self)
+        if not bulky:
+            for k in BULKY:
+                d.pop(k)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "CellResult":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
