@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Packed expert sets: ``[..., L, E]`` bool -> ``[..., W]`` uint64 words (``W = ceil(L * E / 64)``).
+
+A node's (layer, expert) pairs become bits ``l * E + e`` of a row of 64-bit words, so a union is ``|``, a
+marginal cost ``|path \\ buffer|`` is ``popcount(path & ~buffer)`` summed over words, and at GPT-OSS-120B size
+(36 layers x 128 experts) one set is 72 words instead of 4608 bools. Packing happens on the host (one copy
+from the device); everything after it is numpy on a few kilobytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["pack_sets", "popcount_rows", "path_unions", "layer_counts"]
+
+
+def pack_sets(sets: torch.Tensor) -> np.ndarray:
+    """``[..., L, E]`` bool (any device) -> ``[..., W]`` uint64 (host), zero-padded to whole words."""
+    lead = tuple(sets.shape[:-2])
+    bits = sets.shape[-2] * sets.shape[-1]
+    flat = sets.detach().reshape(-1, bits).to("cpu", torch.bool).numpy()
+    packed = np.packbits(flat, axis=-1, bitorder="little")
+    pad = (-packed.shape[1]) % 8
+    if pad:
+        packed = np.pad(packed, ((0, 0), (0, pad)))
+    return np.ascontiguousarray(packed).view(np.uint64).reshape(*lead, -1)
+
+
+def popcount_rows(words: np.ndarray) -> np.ndarray:
+    """``[..., W]`` uint64 -> ``[...]`` int64: set bits per row."""
+    return np.bitwise_count(words).sum(axis=-1, dtype=np.int64)
+
+
+def layer_counts(words: np.ndarray, layers: int, experts: int) -> np.ndarray:
+    """``[..., W]`` packed sets -> ``[..., L]`` int64 set bits per layer (unpacks; for reports, not hot loops)."""
+    lead = words.shape[:-1]
+    bits = np.unpackbits(np.ascontiguousarray(words).view(np.uint8), axis=-1, bitorder="little")
+    return bits[..., :layers * experts].reshape(*lead, layers, experts).sum(axis=-1, dtype=np.int64)
+
+
+def path_unions(sets: np.ndarray, parents: np.ndarray, depth: np.ndarray,
+                valid: np.ndarray | None = None) -> np.ndarray:
+    """Union of the packed sets on each root-to-node path.
+
+    Args:
+        sets: ``[B, N, W]`` uint64 per-node sets.
+        parents: ``[B, N]`` int64 parent index (``-1`` at the root).
+        depth: ``[B, N]`` int64 node depth (0 at the root), consistent with ``parents``.
+        valid: ``[B, N]`` bool; padding nodes' unions are unspecified (default: every node is valid).
+
+    Returns:
+        ``[B, N, W]`` uint64. Computed one depth level at a time (one vectorised OR per level); if ``depth``
+        disagrees with ``parents`` it falls back to one OR per node in index order (parents precede children).
+    """
+    b, n, w = sets.shape
+    out = sets.reshape(b * n, w).copy()
+    base = (np.arange(b, dtype=np.int64) * n)[:, None]
+    has_par = parents >= 0
+    par_flat = np.where(has_par, parents + base, 0).reshape(-1)
+    dep = depth.reshape(-1)
+    hp = has_par.reshape(-1)
+    chk = hp if valid is None else hp & valid.reshape(-1)
+    if np.array_equal(dep[chk], dep[par_flat[chk]] + 1) and not dep[~hp].any():
+        order = np.argsort(dep, kind="stable")
+        bounds = np.searchsorted(dep[order], np.arange(1, int(dep.max(initial=0)) + 2))
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            f = order[lo:hi]
+            out[f] |= out[par_flat[f]]
+    else:
+        for i in range(1, n):
+            rows = np.flatnonzero(has_par[:, i])
+            f = rows * n + i
+            out[f] |= out[par_flat[f]]
+    return out.reshape(b, n, w)
