@@ -10,45 +10,11 @@ import numpy as np
 import pytest
 import torch
 from fixtures import reference_selection as ref
+from fixtures.random_trees import random_sets, random_tree
 
 from specmoe.decoding.bitsets import pack_sets, path_unions, popcount_rows
 from specmoe.decoding.tree import DraftTree
 from specmoe.registry import selectors
-
-EDGE_PROBS = torch.tensor([1.0, 0.5, 0.25, 0.5, 0.125, 0.75])
-
-
-def random_tree(bsz: int, n: int, g: torch.Generator, padding: bool = True) -> DraftTree:
-    """Random parents; edge probabilities from a small set; some padding subtrees and an inactive row."""
-    parents = torch.zeros(bsz, n, dtype=torch.long)
-    parents[:, 0] = -1
-    for i in range(1, n):
-        parents[:, i] = torch.randint(0, i, (bsz,), generator=g)
-    edge = EDGE_PROBS[torch.randint(0, len(EDGE_PROBS), (bsz, n), generator=g)]
-    logp = edge.log()
-    logp[:, 0] = 0
-    depth = torch.zeros(bsz, n, dtype=torch.long)
-    path = torch.zeros(bsz, n)
-    valid = torch.ones(bsz, n, dtype=torch.bool)
-    ar = torch.arange(bsz)
-    drop = torch.rand(bsz, n, generator=g) < (0.1 if padding else 0.0)
-    for i in range(1, n):
-        p = parents[:, i]
-        depth[:, i] = depth[ar, p] + 1
-        path[:, i] = path[ar, p] + logp[:, i]
-        valid[:, i] = valid[ar, p] & ~drop[:, i]
-    if padding and bsz > 2:
-        valid[1] = False  # a finished row
-    return DraftTree(tokens=torch.randint(0, 100, (bsz, n), generator=g), parents=parents, depth=depth,
-                     logp=logp, path_logp=path, valid=valid)
-
-
-def random_sets(bsz: int, n: int, layers: int, experts: int, k: int, g: torch.Generator) -> torch.Tensor:
-    idx = torch.rand(bsz * n * layers, experts, generator=g).topk(k, dim=-1).indices
-    out = torch.zeros(bsz * n * layers, experts, dtype=torch.bool)
-    out.scatter_(1, idx, True)
-    return out.view(bsz, n, layers, experts)
-
 
 CASES = [
     # (batch, nodes, layers, experts, top_k)
