@@ -28,7 +28,10 @@ CASES: dict[str, tuple[int, int, int, float]] = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--selectors", default="ecospec,goodput,global_cost,confidence",
-                   help="comma-separated registered selector names")
+                   help="comma-separated registered selector names or 'package.module:Class' import paths")
+    p.add_argument("--set", action="append", default=None, metavar="SELECTOR.KEY=VALUE",
+                   help="a selector option (repeatable; VALUE is JSON or a string); default: goodput.stop=best_prefix "
+                        "(its greedy always runs to gamma: the worst case)")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
     p.add_argument("--layers", type=int, default=36)
     p.add_argument("--experts", type=int, default=128)
@@ -81,15 +84,34 @@ def random_case(bsz: int, pool: int, layers: int, experts: int, top_k: int, seed
     return tree, sets.view(bsz, n, layers, experts)
 
 
-def build_selectors(names: list[str]) -> dict[str, Any]:
-    """Registered selectors by name with their default configuration; unknown names are reported."""
+def build_selectors(names: list[str], options: list[str] | None = None) -> dict[str, Any]:
+    """Selectors by registry name or import path, with ``SELECTOR.KEY=VALUE`` options; bad input is reported."""
+    import json
+
     from specmoe.errors import UserError
     from specmoe.registry import selectors
 
-    unknown = [s for s in names if s not in selectors.names()]
+    unknown = [s for s in names if ":" not in s and s not in selectors.names()]
     if unknown:
         raise UserError(f"--selectors: {', '.join(unknown)} not registered (have: {', '.join(selectors.names())})")
-    return {s: selectors.get(s)() for s in names}
+    kwargs: dict[str, dict[str, Any]] = {s: {} for s in names}
+    for opt in options or []:
+        key, eq, value = opt.partition("=")
+        sel, dot, field = key.rpartition(".")
+        if not (eq and dot and field):
+            raise UserError(f"--set '{opt}': expected SELECTOR.KEY=VALUE, e.g. goodput.stop=best_prefix")
+        if sel in kwargs:
+            try:
+                kwargs[sel][field] = json.loads(value)
+            except json.JSONDecodeError:
+                kwargs[sel][field] = value
+    out = {}
+    for s in names:
+        try:
+            out[s] = selectors.get(s)(**kwargs[s])
+        except TypeError as exc:
+            raise UserError(f"--set: bad option for selector '{s}': {exc}") from exc
+    return out
 
 
 def measure(sels: dict[str, Any], cases: list[str], *, layers: int, experts: int, top_k: int, trees: int,
@@ -119,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     bad = [c for c in cases if c not in CASES]
     if bad:
         raise UserError(f"--cases: unknown {', '.join(bad)}; choose from {', '.join(CASES)}")
-    sels = build_selectors(names)
+    sels = build_selectors(names, ["goodput.stop=best_prefix"] if args.set is None else args.set)
     for s in sels.values():  # warm-up: first calls import and allocate
         tree, ex = random_case(2, 10, args.layers, args.experts, args.top_k, args.seed)
         s.select(tree, 4, ex if s.needs_experts else None)
@@ -127,11 +149,12 @@ def run(args: argparse.Namespace) -> int:
                     repeats=args.repeats, seed=args.seed)
     print(f"# selection time per step: {args.layers} MoE layers, {args.experts} experts, top-{args.top_k}, "
           f"threads={torch.get_num_threads()}, {args.trees} pools x {args.repeats} calls per cell")
-    print(f"{'case':<16}{'selector':<14}{'median ms':>10}{'p90 ms':>9}{'target ms':>10}{'median/target':>15}")
+    print(f"{'case':<16}{'selector':<22}{'median ms':>10}{'p90 ms':>9}{'target ms':>10}{'median/target':>15}")
     for case in cases:
         target = CASES[case][3]
         for name in names:
             v = sorted(times[(case, name)])
             med, p90 = statistics.median(v), v[int(0.9 * (len(v) - 1))]
-            print(f"{case:<16}{name:<14}{med:>10.3f}{p90:>9.3f}{target:>10.2f}{med / target:>14.2f}x")
+            label = name.rpartition(":")[2]
+            print(f"{case:<16}{label:<22}{med:>10.3f}{p90:>9.3f}{target:>10.2f}{med / target:>14.2f}x")
     return 0

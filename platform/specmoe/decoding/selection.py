@@ -184,7 +184,7 @@ def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer
             nbuf[row] &= ~paths[f]
 
     while True:
-        idx = np.flatnonzero(cand)
+        idx = cand.nonzero()[0]
         if idx.size == 0:
             break
         new = None
@@ -193,7 +193,7 @@ def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer
             new = popcount_rows(paths[idx] & mask)
         s = np.asarray(score(idx, new))
         if joint:
-            k = int(np.argmax(s))
+            k = int(s.argmax())
             f = int(idx[k])
             if take is not None and not take(f, 0 if new is None else int(new[k])):
                 break

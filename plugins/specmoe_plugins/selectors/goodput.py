@@ -143,18 +143,19 @@ class GoodputSelector(AdaptiveSelector):
         count = live.astype(np.int64)
         picks: list[tuple[int, float, float]] = []  # (node, rate after, t_verify after)
 
-        def marginal(idx: np.ndarray, new: np.ndarray | None) -> np.ndarray:
-            dt = c_tok + c_col * (count[idx // n] >= st["width"])
-            if cfg.expert_cost:
-                return dt + c_exp * new
-            return dt + c_exp * (self.expected_expert_layers(st["tokens"] + 1) - st["e"])
+        def token_only() -> float:  # expected expert-layers one more token adds
+            return c_exp * (self.expected_expert_layers(st["tokens"] + 1) - st["e"])
 
         def score(idx: np.ndarray, new: np.ndarray | None) -> np.ndarray:
-            return (st["a"] + acc[idx]) / (st["t"] + marginal(idx, new))
+            t = st["t"] + c_tok
+            if c_col:
+                t = t + c_col * (count[idx // n] >= st["width"])
+            t = t + c_exp * new if cfg.expert_cost else t + token_only()
+            return (st["a"] + acc[idx]) / t
 
         def take(f: int, new: int) -> bool:
-            one = np.array([f])
-            dt = float(marginal(one, np.array([new]))[0])
+            dt = c_tok + c_col * (count[f // n] >= st["width"])
+            dt += c_exp * new if cfg.expert_cost else token_only()
             rate = (st["a"] + acc[f]) / (st["t"] + dt)
             if cfg.stop == "drop" and rate < st["a"] / st["t"]:
                 return False
