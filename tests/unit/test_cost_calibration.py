@@ -49,10 +49,12 @@ def test_calibrate_cli_saves_a_cost_model(make_target, tmp_path, capsys):
     out = tmp_path / "stage"
     rc = expert_latency.run(_args("--target", target.path, "--calibrate", "--gammas", "1,4", "--batches", "1,2",
                                   "--contexts", "8,24", "--unions-per-t", "2", "--iters", "2", "--warmup", "0",
-                                  "--clock", "thread", "--check-steps", "2", "--save", str(out), "--threads", "1"))
+                                  "--clock", "thread", "--check-steps", "2", "--save", str(out), "--threads", "1",
+                                  "--features", "fixed,tokens,expert_layers,kv_slots",
+                                  "--features", "fixed,tokens,expert_layers"))
     assert rc == 0
     text = capsys.readouterr().out
-    assert "T_verify = " in text and "held-out calls" in text and "engine, online" in text
+    assert text.count("T_verify = ") == 2 and text.count("held-out calls") == 2 and "engine, online" in text
     model = CostModel.load(out / "cost_model.json")
     assert set(model.features) == {"fixed", "tokens", "expert_layers", "kv_slots"}
     assert all(c >= 0 for c in model.coefficients().values()) and model.coefficient("fixed") > 0

@@ -166,11 +166,11 @@ def run(args: argparse.Namespace, target: Any) -> int:
 
     import torch
 
-    from specmoe.decoding.cost_model import FEATURES
+    from specmoe.decoding.cost_model import DEFAULT_FEATURES, FEATURES
     from specmoe.errors import UserError
 
-    features = [f for f in args.features.split(",") if f]
-    bad = [f for f in features if f not in FEATURES]
+    feature_sets = [[f for f in text.split(",") if f] for text in args.features or [",".join(DEFAULT_FEATURES)]]
+    bad = [f for fs in feature_sets for f in fs if f not in FEATURES]
     if bad:
         raise UserError(f"--features: unknown {', '.join(bad)}; choose from {', '.join(FEATURES)}")
     save = args.save
@@ -183,14 +183,16 @@ def run(args: argparse.Namespace, target: Any) -> int:
     configs = grid(target.top_k, target.num_experts, _ints(args.gammas), _ints(args.batches), _ints(args.contexts),
                    args.unions_per_t)
     records = calibrate(target, configs, iters=args.iters, warmup=args.warmup, seed=args.seed, clock=args.clock)
-    model, train_err, held_err = fit_split(records, layers, features, args.holdout, args.seed)
     print(f"# {args.target}: {layers} MoE layers, E={target.num_experts}, top-{target.top_k}, {target.dtype}, "
           f"device {target.device}, threads={torch.get_num_threads()}, clock={args.clock}; {len(configs)} "
           f"configurations x {args.iters} rounds = {len(records)} calls, {args.holdout:.0%} held out")
-    print("T_verify = " + " + ".join(f"{c * 1e3:.4g} ms * {f}" for f, c in model.coefficients().items()))
-    for name, err in (("train", train_err), ("held-out calls", held_err)):
-        print(f"{name:<16} median |rel err| {err['median_abs_rel_error']:.3f}  p90 {err['p90_abs_rel_error']:.3f}  "
-              f"(n={err['n']})")
+    fits = [fit_split(records, layers, fs, args.holdout, args.seed) for fs in feature_sets]
+    for fit_model, train_err, held_err in fits:
+        print("T_verify = " + " + ".join(f"{c * 1e3:.4g} ms * {f}" for f, c in fit_model.coefficients().items()))
+        for name, err in (("train", train_err), ("held-out calls", held_err)):
+            print(f"  {name:<16} median |rel err| {err['median_abs_rel_error']:.3f}  "
+                  f"p90 {err['p90_abs_rel_error']:.3f}  (n={err['n']})")
+    model, train_err, held_err = fits[0]
     model.meta.update(target=str(args.target), device=str(target.device), dtype=str(target.dtype), layers=layers,
                       experts=target.num_experts, top_k=target.top_k, clock=args.clock,
                       threads=torch.get_num_threads(), created=datetime.datetime.now().isoformat(timespec="seconds"),
@@ -201,7 +203,7 @@ def run(args: argparse.Namespace, target: Any) -> int:
         if args.clock != "wall":
             print("(engine steps are timed by the wall clock; the fit used --clock thread)")
         for name, err in errs.items():
-            print(f"{'engine, ' + name:<16} median |rel err| {err['median_abs_rel_error']:.3f}  "
+            print(f"  {'engine, ' + name:<16} median |rel err| {err['median_abs_rel_error']:.3f}  "
                   f"p90 {err['p90_abs_rel_error']:.3f}  (n={err['n']})")
-    print(f"saved {model.save(out)}")
+    print(f"saved {model.save(out)} (features {', '.join(model.features)})")
     return 0

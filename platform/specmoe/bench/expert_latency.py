@@ -52,8 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cal.add_argument("--batches", default="1,2,4", help="rows per call")
     cal.add_argument("--contexts", default="64,256,512", help="cached tokens per row")
     cal.add_argument("--unions-per-t", type=int, default=3, help="union sizes per token count")
-    cal.add_argument("--features", default="fixed,tokens,expert_layers,kv_slots",
-                     help="cost-model features (specmoe.decoding.cost_model.FEATURES)")
+    cal.add_argument("--features", action="append", default=None,
+                     help="comma-separated cost-model features (specmoe.decoding.cost_model.FEATURES); repeat "
+                          "to compare sets on the same calls (the first is saved); default: "
+                          "fixed,tokens,expert_layers,kv_slots")
     cal.add_argument("--holdout", type=float, default=0.25, help="fraction of calls held out of the fit")
     cal.add_argument("--clock", choices=("wall", "thread"), default="wall",
                      help="wall clock (what the engine measures) or this thread's CPU time (shared CPU machines)")

@@ -184,7 +184,7 @@ class GoodputSelector(AdaptiveSelector):
         dev = tree.tokens.device
         self.last_plan = SelectionPlan(
             selected=torch.from_numpy(sel).to(dev), expected_tokens=torch.from_numpy(exp_tokens),
-            t_verify=t_verify, t_step=t_fixed + t_verify, expected_rate=rate,
+            t_verify=float(t_verify), t_step=float(t_fixed + t_verify), expected_rate=float(rate),
             ar_rate=n_live / t_ar if t_ar > 0 else float("inf"))
         return self.last_plan
 
