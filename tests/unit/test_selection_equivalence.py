@@ -12,7 +12,7 @@ import torch
 from fixtures import reference_selection as ref
 from fixtures.random_trees import random_sets, random_tree
 
-from specmoe.decoding.bitsets import pack_sets, path_unions, popcount_rows
+from specmoe.decoding.bitsets import pack_bytes_torch, pack_sets, path_unions, popcount_rows
 from specmoe.decoding.tree import DraftTree
 from specmoe.registry import selectors
 
@@ -73,3 +73,12 @@ def test_bitsets_match_dense_paths():
     # depth inconsistent with parents: the per-node fallback gives the same unions
     bad = path_unions(pack_sets(ex), tree.parents.numpy(), np.zeros((3, 20), dtype=np.int64))
     np.testing.assert_array_equal(popcount_rows(bad), dense.sum(-1).numpy())
+
+
+def test_device_packing_matches_numpy():
+    """The packing used off the CPU (run here on CPU tensors) gives numpy's little-endian bytes."""
+    g = torch.Generator().manual_seed(2)
+    for bits in (7, 64, 65, 4608):
+        flat = torch.rand(5, bits, generator=g) < 0.3
+        want = np.packbits(flat.numpy(), axis=-1, bitorder="little")
+        np.testing.assert_array_equal(pack_bytes_torch(flat).numpy(), want)

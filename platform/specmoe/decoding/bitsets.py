@@ -12,31 +12,41 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["pack_sets", "popcount_rows", "path_unions", "layer_counts"]
+__all__ = ["pack_sets", "pack_bytes_torch", "popcount_rows", "path_unions"]
 
 
 def pack_sets(sets: torch.Tensor) -> np.ndarray:
-    """``[..., L, E]`` bool (any device) -> ``[..., W]`` uint64 (host), zero-padded to whole words."""
+    """``[..., L, E]`` bool (any device) -> ``[..., W]`` uint64 (host), zero-padded to whole words.
+
+    Off the CPU the bits are packed on the device first (:func:`pack_bytes_torch`), so one copy of ``W * 8``
+    bytes per set crosses to the host instead of ``L * E``.
+    """
     lead = tuple(sets.shape[:-2])
     bits = sets.shape[-2] * sets.shape[-1]
-    flat = sets.detach().reshape(-1, bits).to("cpu", torch.bool).numpy()
-    packed = np.packbits(flat, axis=-1, bitorder="little")
+    flat = sets.detach().reshape(-1, bits)
+    if flat.device.type == "cpu":
+        packed = np.packbits(flat.to(torch.bool).numpy(), axis=-1, bitorder="little")
+    else:
+        packed = pack_bytes_torch(flat).cpu().numpy()
     pad = (-packed.shape[1]) % 8
     if pad:
         packed = np.pad(packed, ((0, 0), (0, pad)))
     return np.ascontiguousarray(packed).view(np.uint64).reshape(*lead, -1)
 
 
+def pack_bytes_torch(flat: torch.Tensor) -> torch.Tensor:
+    """``[M, bits]`` bool -> ``[M, ceil(bits / 8)]`` uint8 on the same device, little bit order (as
+    ``np.packbits(..., bitorder="little")``)."""
+    m, bits = flat.shape
+    pad = (-bits) % 8
+    x = torch.nn.functional.pad(flat.to(torch.uint8), (0, pad)).view(m, -1, 8)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=flat.device)
+    return (x.to(torch.int32) * weights).sum(dim=-1).to(torch.uint8)
+
+
 def popcount_rows(words: np.ndarray) -> np.ndarray:
     """``[..., W]`` uint64 -> ``[...]`` int64: set bits per row."""
     return np.bitwise_count(words).sum(axis=-1, dtype=np.int64)
-
-
-def layer_counts(words: np.ndarray, layers: int, experts: int) -> np.ndarray:
-    """``[..., W]`` packed sets -> ``[..., L]`` int64 set bits per layer (unpacks; for reports, not hot loops)."""
-    lead = words.shape[:-1]
-    bits = np.unpackbits(np.ascontiguousarray(words).view(np.uint8), axis=-1, bitorder="little")
-    return bits[..., :layers * experts].reshape(*lead, layers, experts).sum(axis=-1, dtype=np.int64)
 
 
 def path_unions(sets: np.ndarray, parents: np.ndarray, depth: np.ndarray,
