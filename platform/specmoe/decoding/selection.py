@@ -149,8 +149,8 @@ def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer
     b, n = pool.shape
     sel = np.zeros(b * n, dtype=bool)
     cand = np.zeros(b * n, dtype=bool)
-    left = np.zeros(b, dtype=np.int64)
-    kids, start = pool.kids, pool.start
+    left = [0] * b  # python scalars: this loop runs a few numpy calls per pick, the rest must be cheap
+    kids, start = pool.kids, pool.start.tolist()
     paths = None if pool.paths is None else pool.paths.reshape(b * n, -1)
     live = np.flatnonzero(pool.valid[:, 0])
     nbuf = None
@@ -165,8 +165,8 @@ def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer
             buf[live] |= roots
         nbuf = ~buf
     sel[live * n] = True
-    left[live] = max(budget - 1, 0)
-    for r in live:
+    for r in live.tolist():
+        left[r] = max(budget - 1, 0)
         if left[r] > 0:
             cand[kids[start[r * n]:start[r * n + 1]]] = True
 
