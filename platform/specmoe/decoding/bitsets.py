@@ -46,7 +46,7 @@ def pack_bytes_torch(flat: torch.Tensor) -> torch.Tensor:
 
 def popcount_rows(words: np.ndarray) -> np.ndarray:
     """``[..., W]`` uint64 -> ``[...]`` int64: set bits per row."""
-    return np.bitwise_count(words).sum(axis=-1, dtype=np.int64)
+    return np.add.reduce(np.bitwise_count(words), axis=-1, dtype=np.int64)
 
 
 def path_unions(sets: np.ndarray, parents: np.ndarray, depth: np.ndarray,

@@ -163,7 +163,8 @@ def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer
             buf[0] |= np.bitwise_or.reduce(roots, axis=0)
         else:
             buf[live] |= roots
-        nbuf = ~buf
+        nbuf = ~buf  # complement of the buffer: new experts of a path = popcount(path & nbuf)
+        npaths = ~paths
     sel[live * n] = True
     for r in live.tolist():
         left[r] = max(budget - 1, 0)
@@ -180,17 +181,17 @@ def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer
         else:
             cand[kids[start[f]:start[f + 1]]] = True
         if nbuf is not None:
-            row = 0 if shared else r
-            nbuf[row] &= ~paths[f]
+            row = nbuf0 if shared else nbuf[r]
+            np.bitwise_and(row, npaths[f], out=row)
 
+    nbuf0 = nbuf[0] if nbuf is not None else None  # a view, updated in place
     while True:
         idx = cand.nonzero()[0]
         if idx.size == 0:
             break
         new = None
         if paths is not None:
-            mask = nbuf[0] if shared else nbuf[idx // n]
-            new = popcount_rows(paths[idx] & mask)
+            new = popcount_rows(paths[idx] & (nbuf0 if shared else nbuf[idx // n]))
         s = np.asarray(score(idx, new))
         if joint:
             k = int(s.argmax())
