@@ -100,7 +100,12 @@ def _exact_distribution(target, prompt, horizon):
     return probs
 
 
-@pytest.mark.parametrize("selector", ["confidence", "ecospec"])
+#: goodput with fixed costs (the engine does not feed its models yet). Its decision is joint over the 500 rows
+#: of a batch, so extra tokens must be cheap against the fixed cost for it to verify trees at all
+GOODPUT = {"coefficients": {"fixed": 5e-3, "tokens": 1e-6, "expert_layers": 1e-6}}
+
+
+@pytest.mark.parametrize("selector", ["confidence", "ecospec", "goodput"])
 def test_speculative_sampling_chi_square(small_vocab_target, selector, tmp_path):
     from specmoe.registry import predictors
 
@@ -112,7 +117,8 @@ def test_speculative_sampling_chi_square(small_vocab_target, selector, tmp_path)
     drafter.setup(target)
     pred = predictors.get("router_on_embedding")()
     pred.setup(target)
-    engine = SpeculativeEngine(target, drafter, selectors.get(selector)(), pred)
+    engine = SpeculativeEngine(target, drafter, selectors.get(selector)(**(GOODPUT if selector == "goodput" else {})),
+                               pred)
     counts: dict = {}
     multi = 0
     for r in range(reps):

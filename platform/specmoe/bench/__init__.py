@@ -9,4 +9,5 @@ BENCHES = {
     "engine": "specmoe.bench.engine",
     "verifier": "specmoe.bench.verifier",
     "expert_latency": "specmoe.bench.expert_latency",
+    "selector": "specmoe.bench.selector",
 }

@@ -10,7 +10,8 @@ random set ``S`` per call (rows stay distinct; experts get equal loads).
 ``--mode experts`` (default) calls every layer's experts module directly with the forced ``top_k_index``;
 ``--mode model`` runs the target's verification forward (``Target.forward``: the engine's 4D-mask call,
 attention over a ``--context`` prefix in the KV cache, rolled back after each call; routers overridden by
-forward hooks). The ``u`` values are interleaved in a new random order every round, so machine
+forward hooks). ``--calibrate`` fits and saves the step cost model instead (see
+:mod:`specmoe.bench.cost_calibration`). The ``u`` values are interleaved in a new random order every round, so machine
 load drifts hit all of them alike. Prints median latency per ``u`` and a least-squares line
 ``ms = intercept + slope * u``; ``slope / L`` is the cost of one more expert in one layer.
 """
@@ -23,7 +24,7 @@ import statistics
 import time
 from typing import Any
 
-__all__ = ["add_arguments", "run", "forced_routing", "fit_line", "measure"]
+__all__ = ["add_arguments", "run", "forced_routing", "override_routers", "fit_line", "measure"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +45,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (CPU); default: torch's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the results to this file")
+    cal = parser.add_argument_group("cost-model calibration (--calibrate; see specmoe.bench.cost_calibration)")
+    cal.add_argument("--calibrate", action="store_true",
+                     help="sweep rows x context x tokens x unions through the model and save a fitted cost model")
+    cal.add_argument("--gammas", default="1,2,4,8", help="tokens per row")
+    cal.add_argument("--batches", default="1,2,4", help="rows per call")
+    cal.add_argument("--contexts", default="64,256,512", help="cached tokens per row")
+    cal.add_argument("--unions-per-t", type=int, default=3, help="union sizes per token count")
+    cal.add_argument("--features", action="append", default=None,
+                     help="comma-separated cost-model features (specmoe.decoding.cost_model.FEATURES); repeat "
+                          "to compare sets on the same calls (the first is saved); default: "
+                          "fixed,tokens,expert_layers,kv_slots")
+    cal.add_argument("--holdout", type=float, default=0.25, help="fraction of calls held out of the fit")
+    cal.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                     help="wall clock (what the engine measures) or this thread's CPU time (shared CPU machines)")
+    cal.add_argument("--save", default=None,
+                     help="cost model JSON file or directory (default: cost_model.json beside a local --target)")
+    cal.add_argument("--check-steps", type=int, default=0,
+                     help="then run this many speculative generations and report the error on their steps")
 
 
 def forced_routing(tokens: int, top_k: int, union: int, num_experts: int, gen: Any):
@@ -56,6 +75,20 @@ def forced_routing(tokens: int, top_k: int, union: int, num_experts: int, gen: A
     slots = torch.arange(tokens * top_k).view(tokens, top_k) % union
     weights = torch.softmax(torch.randn(tokens, top_k, generator=gen), dim=-1)
     return chosen[slots], weights
+
+
+def override_routers(routers: list[Any], forced: list[tuple[Any, Any]]) -> list[Any]:
+    """Forward hooks making router ``i`` return ``forced[i] = (top_k_index, top_k_weights)`` (read at call
+    time, so the list can be refilled between calls). Returns the hook handles (``.remove()`` them)."""
+    def override(i: int):
+        def hook(module: Any, args: tuple, out: Any):
+            if not (isinstance(out, tuple) and len(out) == 3):
+                raise TypeError(f"{type(module).__name__} does not return (logits, weights, indices)")
+            idx, w = forced[i]
+            return out[0], w.to(device=out[1].device, dtype=out[1].dtype), idx.to(out[2].device)
+        return hook
+
+    return [r.register_forward_hook(override(i)) for i, r in enumerate(routers)]
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
@@ -94,15 +127,7 @@ def measure(target: Any, unions: list[int], *, gamma: int = 8, batch: int = 1, m
     forced: list[tuple[Any, Any]] = []
     hooks, kv, step_ids, step_pos = [], None, None, None
     if mode == "model":
-        def override(i: int):
-            def hook(module: Any, args: tuple, out: Any):
-                if not (isinstance(out, tuple) and len(out) == 3):
-                    raise TypeError(f"{type(module).__name__} does not return (logits, weights, indices)")
-                idx, w = forced[i]
-                return out[0], w.to(device=out[1].device, dtype=out[1].dtype), idx.to(out[2].device)
-            return hook
-
-        hooks = [r.register_forward_hook(override(i)) for i, r in enumerate(routers)]
+        hooks = override_routers(routers, forced)
         ctx_ids = torch.randint(0, target.vocab_size, (batch, context), generator=gen).to(dev)
         step_ids = torch.randint(0, target.vocab_size, (batch, gamma), generator=gen).to(dev)
         step_pos = (context + torch.arange(gamma, device=dev)).expand(batch, gamma)
@@ -149,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
     target = targets.get("hf")(path=args.target, device=args.device, dtype=args.dtype,
                                attn_implementation="eager")
     target.set_experts_implementation("eager")
+    if args.calibrate:
+        from specmoe.bench import cost_calibration
+
+        return cost_calibration.run(args, target)
     k, n_exp, n_layers = target.top_k, target.num_experts, len(target.moe_layer_ids)
     n_tok = args.gamma * args.batch
     top = min(n_exp, n_tok * k)

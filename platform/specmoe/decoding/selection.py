@@ -1,15 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Building blocks for selectors: path expert footprints and greedy ancestor-closed selection."""
+"""Building blocks for selectors: path expert footprints and greedy ancestor-closed selection.
+
+Two greedy loops with the same semantics: :func:`greedy_select` (torch, any score function of the current
+selection; simple, one host sync per iteration) and :func:`greedy_packed` (host-side numpy over packed expert
+bitsets, :class:`PackedPool`; a few vectorised operations per pick over the current candidates only), which
+the built-in selectors use.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
+from specmoe.decoding.bitsets import pack_sets, path_unions, popcount_rows
 from specmoe.interfaces.tree import DraftTree
 
-__all__ = ["path_experts", "greedy_select"]
+__all__ = ["path_experts", "greedy_select", "PackedPool", "PackedScoreFn", "TakeFn", "greedy_packed"]
 
 
 def path_experts(tree: DraftTree, experts: torch.Tensor) -> torch.Tensor:
@@ -69,3 +78,136 @@ def greedy_select(tree: DraftTree, budget: int, score: ScoreFn,
         if on_pick is not None:
             on_pick(r, c)
     return sel
+
+
+@dataclass
+class PackedPool:
+    """A batch of candidate pools on the host, with packed path expert footprints.
+
+    Attributes:
+        parents: ``[B, N]`` int64 (``-1`` at the root).
+        valid: ``[B, N]`` bool.
+        paths: ``[B, N, W]`` uint64 union of the predicted sets on each root-to-node path, or ``None``.
+        children: CSR of valid children: node ``f = b * N + i`` has children ``kids[start[f]:start[f + 1]]``
+            (flat indices).
+    """
+
+    parents: np.ndarray
+    valid: np.ndarray
+    paths: np.ndarray | None
+    kids: np.ndarray
+    start: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.parents.shape
+
+    @classmethod
+    def build(cls, tree: DraftTree, experts: torch.Tensor | None = None) -> "PackedPool":
+        """From a tree and optional ``[B, N, L, E]`` bool predicted sets (one copy to the host)."""
+        parents = tree.parents.detach().cpu().numpy()
+        valid = tree.valid.detach().cpu().numpy()
+        b, n = parents.shape
+        paths = None
+        if experts is not None:
+            paths = path_unions(pack_sets(experts), parents, tree.depth.detach().cpu().numpy(), valid)
+        par_flat = (parents + (np.arange(b, dtype=np.int64) * n)[:, None]).reshape(-1)
+        child = np.flatnonzero((parents >= 0).reshape(-1) & valid.reshape(-1))
+        kids = child[np.argsort(par_flat[child], kind="stable")]
+        start = np.searchsorted(par_flat[kids], np.arange(b * n + 1))
+        return cls(parents=parents, valid=valid, paths=paths, kids=kids, start=start)
+
+
+#: ``score(nodes [C] flat index b * N + i, new [C] int64 | None) -> [C]`` scores of the current candidates;
+#: ``new`` is ``|path(node) \ buffer|`` (their buffer: shared, or the row's) when the pool has paths
+PackedScoreFn = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
+#: ``take(node, new) -> bool``: called with the best candidate before it is added; False ends the selection
+#: (joint) or that row's selection
+TakeFn = Callable[[int, int], bool]
+
+
+def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer: np.ndarray | None = None,
+                  shared: bool = True, joint: bool = False, take: TakeFn | None = None) -> np.ndarray:
+    """:func:`greedy_select` on a :class:`PackedPool`, with an expert buffer kept as packed words.
+
+    Select every valid root, then repeatedly the best-scoring frontier node (valid, unselected, parent
+    selected, row under budget); ties go to the lowest index (``b * N + i`` when ``joint``). After each pick
+    the buffer grows by the picked node's path (the roots' paths are in it from the start).
+
+    Args:
+        pool: candidates and packed paths.
+        budget: gamma, nodes per row including the root.
+        score: see :data:`PackedScoreFn`.
+        buffer: ``[W]`` uint64 initial buffer B0 (added to every row's buffer).
+        shared: one buffer for the batch, else one per row.
+        joint: one pick per iteration across the batch; else every row with candidates picks once.
+        take: see :data:`TakeFn`.
+
+    Returns:
+        ``[B, N]`` bool selection.
+    """
+    b, n = pool.shape
+    sel = np.zeros(b * n, dtype=bool)
+    cand = np.zeros(b * n, dtype=bool)
+    left = [0] * b  # python scalars: this loop runs a few numpy calls per pick, the rest must be cheap
+    kids, start = pool.kids, pool.start.tolist()
+    paths = None if pool.paths is None else pool.paths.reshape(b * n, -1)
+    live = np.flatnonzero(pool.valid[:, 0])
+    nbuf = None
+    if paths is not None:
+        buf = np.zeros((1 if shared else b, paths.shape[1]), dtype=np.uint64)
+        if buffer is not None:
+            buf |= buffer
+        roots = paths[live * n]
+        if shared:
+            buf[0] |= np.bitwise_or.reduce(roots, axis=0)
+        else:
+            buf[live] |= roots
+        nbuf = ~buf  # complement of the buffer: new experts of a path = popcount(path & nbuf)
+        npaths = ~paths
+    sel[live * n] = True
+    for r in live.tolist():
+        left[r] = max(budget - 1, 0)
+        if left[r] > 0:
+            cand[kids[start[r * n]:start[r * n + 1]]] = True
+
+    def commit(f: int) -> None:
+        sel[f] = True
+        cand[f] = False
+        r = f // n
+        left[r] -= 1
+        if left[r] == 0:
+            cand[r * n:(r + 1) * n] = False
+        else:
+            cand[kids[start[f]:start[f + 1]]] = True
+        if nbuf is not None:
+            row = nbuf0 if shared else nbuf[r]
+            np.bitwise_and(row, npaths[f], out=row)
+
+    nbuf0 = nbuf[0] if nbuf is not None else None  # a view, updated in place
+    while True:
+        idx = cand.nonzero()[0]
+        if idx.size == 0:
+            break
+        new = None
+        if paths is not None:
+            new = popcount_rows(paths[idx] & (nbuf0 if shared else nbuf[idx // n]))
+        s = np.asarray(score(idx, new))
+        if joint:
+            k = int(s.argmax())
+            f = int(idx[k])
+            if take is not None and not take(f, 0 if new is None else int(new[k])):
+                break
+            commit(f)
+            continue
+        s = s.astype(np.float64) if s.dtype.kind != "f" else s
+        dense = np.full(b * n, -np.inf, dtype=s.dtype)
+        dense[idx] = np.maximum(s, np.finfo(s.dtype).min)  # a -inf candidate still beats a non-candidate
+        best = dense.reshape(b, n).argmax(axis=1)
+        for r in np.unique(idx // n):
+            f = int(r * n + best[r])
+            if take is not None and not take(f, 0 if new is None else int(new[np.searchsorted(idx, f)])):
+                cand[r * n:(r + 1) * n] = False
+                continue
+            commit(f)
+    return sel.reshape(b, n)

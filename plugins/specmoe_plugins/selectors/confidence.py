@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specmoe.decoding.selection import greedy_select
+from specmoe.decoding.selection import PackedPool, greedy_packed
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.tree import DraftTree
 
@@ -32,5 +32,6 @@ class ConfidenceSelector(Selector):
         # tiny depth/index penalty breaks exact ties towards the parent side
         n = tree.num_nodes
         tie = tree.depth.float() * 1e-9 + torch.arange(n, device=tree.tokens.device).float() * 1e-12
-        key = tree.path_logp.double() - tie.double()
-        return greedy_select(tree, budget, lambda sel: key)
+        key = (tree.path_logp.double() - tie.double()).cpu().numpy().reshape(-1)
+        sel = greedy_packed(PackedPool.build(tree), budget, lambda idx, new: key[idx])
+        return torch.from_numpy(sel).to(tree.tokens.device)

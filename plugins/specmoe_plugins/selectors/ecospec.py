@@ -9,15 +9,20 @@ unselected node, up to ties, and the result is ancestor-closed by construction.
 
 With a batch, one buffer is shared across rows (paper Appendix A): rows compete in one greedy sequence, so
 E is reduced for the union over the batch.
+
+The sets are packed into 64-bit words on the host (:class:`~specmoe.decoding.selection.PackedPool`) and each
+pick costs a few numpy operations over the current candidates (:func:`~specmoe.decoding.selection.greedy_packed`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from specmoe.decoding.selection import greedy_select, path_experts
+from specmoe.decoding.bitsets import pack_sets
+from specmoe.decoding.selection import PackedPool, greedy_packed
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.tree import DraftTree
 
@@ -40,25 +45,11 @@ class EcoSpecSelector(Selector):
                buffer: torch.Tensor | None = None) -> torch.Tensor:
         if experts is None:
             raise ValueError("ecospec needs predicted expert sets")
-        bsz = tree.batch_size
-        paths = path_experts(tree, experts)  # [B, N, L*E]
+        pool = PackedPool.build(tree, experts)
+        b0 = None if buffer is None else pack_sets(buffer.reshape(experts.shape[-2:]))
+        prob = tree.path_prob.detach().cpu().numpy().reshape(-1)  # float32, as the torch scores were
+        eps = np.float32(self.config.eps)
         shared = self.config.shared_buffer
-        rows_of_buf = 1 if shared else bsz
-        buf = torch.zeros(rows_of_buf, paths.shape[-1], dtype=torch.bool, device=paths.device)
-        if buffer is not None:
-            buf |= buffer.reshape(1, -1).to(paths.device)
-        prob = tree.path_prob
-        eps = self.config.eps
-
-        def score(sel: torch.Tensor) -> torch.Tensor:
-            cost = (paths & ~buf[:, None, :]).sum(dim=-1).float()  # [B or 1 -> B, N]
-            return prob / (cost + eps)
-
-        def on_pick(rows: torch.Tensor, nodes: torch.Tensor) -> None:
-            picked = paths[rows, nodes]  # [P, L*E]
-            if shared:
-                buf[0] |= picked.any(dim=0)
-            else:
-                buf[rows] |= picked
-
-        return greedy_select(tree, budget, score, on_pick, joint=shared and bsz > 1)
+        sel = greedy_packed(pool, budget, lambda idx, new: prob[idx] / (new.astype(np.float32) + eps),
+                            buffer=b0, shared=shared, joint=shared and tree.batch_size > 1)
+        return torch.from_numpy(sel).to(tree.tokens.device)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from specmoe.decoding.selection import greedy_select, path_experts
+from specmoe.decoding.bitsets import popcount_rows
+from specmoe.decoding.selection import PackedPool, greedy_packed
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.tree import DraftTree
 
@@ -28,6 +30,9 @@ class GlobalCostSelector(Selector):
                buffer: torch.Tensor | None = None) -> torch.Tensor:
         if experts is None:
             raise ValueError("global_cost needs predicted expert sets")
-        cost = path_experts(tree, experts).sum(dim=-1).float()  # [B, N]
-        score = tree.path_prob / (cost + self.config.eps)
-        return greedy_select(tree, budget, lambda sel: score)
+        pool = PackedPool.build(tree, experts)
+        cost = popcount_rows(pool.paths).reshape(-1).astype(np.float32)  # [B*N]
+        score = tree.path_prob.detach().cpu().numpy().reshape(-1) / (cost + np.float32(self.config.eps))
+        pool.paths = None  # static score: no buffer
+        sel = greedy_packed(pool, budget, lambda idx, new: score[idx])
+        return torch.from_numpy(sel).to(tree.tokens.device)

@@ -1,0 +1,253 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Step cost model: the seconds of a verification pass from its shape, plus drafting, prediction and selection.
+
+``T_verify = sum_j c_j * x_j(shape)`` over named features (:data:`FEATURES`): a fixed term, verified tokens,
+expert-layers (the sum over MoE layers of the unique experts the pass touches: the expert weights it must read),
+cached KV slots (what attention reads), and optional padded-token and token x context terms. Coefficients are
+seconds per unit, never negative. They come from an offline calibration (``platform bench expert_latency
+--calibrate``, forced routing at controlled unions; JSON beside the target or in a stage cache) and/or online
+from a sliding window of observed steps: relative-error Huber regression (IRLS) with a ridge pull towards the
+prior coefficients, so terms a window cannot separate (e.g. the fixed and per-token terms when every step
+verifies the same number of tokens) are split as the prior suggests instead of arbitrarily.
+
+``T_draft``, ``T_pred`` and ``T_select`` are medians of sliding windows of observed steps, per batch size.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["FEATURES", "DEFAULT_FEATURES", "VerifyShape", "CostModel", "huber_fit", "relative_errors"]
+
+#: feature name -> meaning (per verification pass)
+FEATURES: dict[str, str] = {
+    "fixed": "1",
+    "tokens": "verified tokens over all rows (roots included)",
+    "padded_tokens": "rows x the longest row's verified tokens (what a padded batch computes)",
+    "expert_layers": "sum over MoE layers of the unique experts of the pass",
+    "kv_slots": "rows x cached KV slots per row",
+    "token_kv": "verified tokens x cached KV slots per row",
+}
+DEFAULT_FEATURES = ("fixed", "tokens", "expert_layers", "kv_slots")
+_FORMAT = "specmoe.cost_model/1"
+
+
+@dataclass(frozen=True)
+class VerifyShape:
+    """What a verification pass processes.
+
+    Attributes:
+        tokens: verified tokens over all rows (roots included).
+        expert_layers: sum over MoE layers of unique experts (union over the batch).
+        rows: batch rows in the pass.
+        width: the longest row's token count (0: ``ceil(tokens / rows)``).
+        kv_slots: cached KV slots per row before the pass.
+    """
+
+    tokens: int
+    expert_layers: float
+    rows: int = 1
+    width: int = 0
+    kv_slots: int = 0
+
+    def features(self, names: Sequence[str]) -> np.ndarray:
+        width = self.width or -(-self.tokens // max(self.rows, 1))
+        val = {"fixed": 1.0, "tokens": self.tokens, "padded_tokens": self.rows * width,
+               "expert_layers": self.expert_layers, "kv_slots": self.rows * self.kv_slots,
+               "token_kv": self.tokens * self.kv_slots}
+        return np.array([val[n] for n in names], dtype=np.float64)
+
+
+def huber_fit(x: np.ndarray, y: np.ndarray, *, prior: np.ndarray | None = None, prior_weight: float = 0.0,
+              delta: float = 1.345, iters: int = 30) -> np.ndarray:
+    """Non-negative coefficients ``c`` minimising a Huber loss of the relative residuals ``(x c - y) / y``.
+
+    IRLS with the scale re-estimated by the MAD each iteration; a feature whose coefficient would be negative
+    is fixed at 0 and the rest refitted. With ``prior`` and ``prior_weight = w``, a coefficient's deviation
+    from its prior costs what ``w`` observations would pay for that deviation of the term alone (at the
+    window's median feature, in relative error).
+
+    Args:
+        x: ``[M, F]`` features; y: ``[M]`` positive targets (seconds).
+    """
+    m, f = x.shape
+    xr = x / y[:, None]  # relative residuals: (x c - y) / y = xr c - 1
+    one = np.ones(m)
+    pen_x, pen_y = np.zeros((0, f)), np.zeros(0)
+    if prior is not None and prior_weight > 0:
+        scale = np.median(np.abs(xr), axis=0) + 1e-12
+        pen_x = np.diag(np.sqrt(prior_weight) * scale)
+        pen_y = np.sqrt(prior_weight) * scale * prior
+    active = np.ones(f, dtype=bool)
+    c = np.zeros(f)
+    for _ in range(f + 1):
+        w = np.ones(m)
+        for _ in range(iters):
+            a = np.vstack([xr[:, active] * np.sqrt(w)[:, None], pen_x[:, active]])
+            b = np.concatenate([one * np.sqrt(w), pen_y])
+            sol = np.linalg.lstsq(a, b, rcond=None)[0]
+            r = xr[:, active] @ sol - one
+            s = 1.4826 * np.median(np.abs(r - np.median(r))) + 1e-9
+            w_new = np.minimum(1.0, delta * s / np.maximum(np.abs(r), 1e-12))
+            if np.allclose(w_new, w, atol=1e-4):
+                break
+            w = w_new
+        c = np.zeros(f)
+        c[active] = sol
+        if (c >= 0).all():
+            break
+        active &= c > 0
+        if not active.any():
+            break
+    return np.clip(c, 0.0, None)
+
+
+def relative_errors(predicted: Iterable[float], measured: Iterable[float]) -> dict[str, float]:
+    """``|predicted - measured| / measured``: median, p90 and count."""
+    e = np.abs(np.asarray(list(predicted)) - np.asarray(list(measured))) / np.asarray(list(measured))
+    if e.size == 0:
+        return {"median_abs_rel_error": float("nan"), "p90_abs_rel_error": float("nan"), "n": 0}
+    return {"median_abs_rel_error": float(np.median(e)), "p90_abs_rel_error": float(np.percentile(e, 90)),
+            "n": int(e.size)}
+
+
+class CostModel:
+    """Predicts the seconds of each part of a speculative step; refits itself from observed steps.
+
+    Args:
+        coef: seconds per unit of each feature (the prior; missing features start at 0).
+        features: feature names (:data:`FEATURES`).
+        window: observed verification passes kept for the online fit.
+        refit_every: refit after this many new observations (once ``min_fit`` are in the window).
+        min_fit: observations needed before the first online fit.
+        prior_weight: pull of each coefficient towards ``coef`` in online fits, in observations' worth of a
+            100 % relative error; small, so it only decides what the window cannot (collinear terms).
+        overheads: initial ``{"t_draft": {rows: s}, "t_pred": ..., "t_select": ...}`` medians.
+        meta: free-form provenance (target, device, dtype, layers, experts, top_k, clock, fit errors).
+    """
+
+    PARTS = ("t_draft", "t_pred", "t_select")
+
+    def __init__(self, coef: dict[str, float] | None = None, *, features: Sequence[str] = DEFAULT_FEATURES,
+                 window: int = 256, refit_every: int = 16, min_fit: int = 24, prior_weight: float = 1e-3,
+                 overheads: dict[str, dict[int, float]] | None = None, meta: dict[str, Any] | None = None) -> None:
+        unknown = [f for f in features if f not in FEATURES]
+        if unknown:
+            raise ValueError(f"unknown cost features {unknown}; known: {', '.join(FEATURES)}")
+        coef = dict(coef or {})
+        bad = [k for k in coef if k not in features]
+        if bad:
+            raise ValueError(f"coefficients {bad} are not among the features {list(features)}")
+        self.features = tuple(features)
+        self.prior = np.array([float(coef.get(f, 0.0)) for f in self.features])
+        self.coef = self.prior.copy()
+        self.window, self.refit_every, self.min_fit, self.prior_weight = window, refit_every, min_fit, prior_weight
+        self.meta = dict(meta or {})
+        self._obs: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
+        self._since_fit = 0
+        self._parts: dict[str, dict[int, deque[float]]] = {p: {} for p in self.PARTS}
+        for part, by_rows in (overheads or {}).items():
+            for rows, sec in by_rows.items():
+                self._parts[part].setdefault(int(rows), deque(maxlen=window)).append(float(sec))
+
+    # ---------------------------------------------------------------- verification
+    def coefficient(self, name: str) -> float:
+        """Seconds per unit of ``name`` (0 for a feature the model does not use)."""
+        return float(self.coef[self.features.index(name)]) if name in self.features else 0.0
+
+    def coefficients(self) -> dict[str, float]:
+        return {f: float(c) for f, c in zip(self.features, self.coef)}
+
+    def predict_verify(self, shape: VerifyShape) -> float:
+        """Seconds of one verification pass of ``shape``."""
+        return float(shape.features(self.features) @ self.coef)
+
+    def observe_verify(self, shape: VerifyShape, seconds: float) -> None:
+        """Add a measured pass to the window; refits every ``refit_every`` observations."""
+        if not seconds > 0:
+            return
+        self._obs.append((shape.features(self.features), float(seconds)))
+        self._since_fit += 1
+        if len(self._obs) >= self.min_fit and self._since_fit >= self.refit_every:
+            self.refit()
+
+    def refit(self) -> None:
+        """Fit the window (prior-regularised relative Huber); no-op on an empty window."""
+        self._since_fit = 0
+        if not self._obs:
+            return
+        x = np.stack([o[0] for o in self._obs])
+        y = np.array([o[1] for o in self._obs])
+        self.coef = huber_fit(x, y, prior=self.prior, prior_weight=self.prior_weight)
+
+    def fit(self, shapes: Sequence[VerifyShape], seconds: Sequence[float]) -> dict[str, float]:
+        """Offline fit (no prior) of measured passes; sets the prior and the coefficients. Returns train errors."""
+        x = np.stack([s.features(self.features) for s in shapes])
+        y = np.asarray(seconds, dtype=np.float64)
+        self.coef = self.prior = huber_fit(x, y)
+        return relative_errors(x @ self.coef, y)
+
+    def window_errors(self) -> dict[str, float]:
+        """Errors of the current coefficients on the observation window."""
+        if not self._obs:
+            return relative_errors([], [])
+        x = np.stack([o[0] for o in self._obs])
+        return relative_errors(x @ self.coef, [o[1] for o in self._obs])
+
+    # ---------------------------------------------------------------- other parts of a step
+    def observe_parts(self, rows: int, **seconds: float | None) -> None:
+        """Record measured ``t_draft`` / ``t_pred`` / ``t_select`` of a step with ``rows`` batch rows."""
+        for part, sec in seconds.items():
+            if part not in self._parts:
+                raise ValueError(f"unknown step part '{part}'; one of {self.PARTS}")
+            if sec is not None:
+                self._parts[part].setdefault(int(rows), deque(maxlen=self.window)).append(float(sec))
+
+    def predict_part(self, part: str, rows: int) -> float:
+        """Median of the observed ``part`` seconds at ``rows`` (else at the nearest batch size; 0 if none)."""
+        by_rows = self._parts[part]
+        if not by_rows:
+            return 0.0
+        key = rows if rows in by_rows else min(by_rows, key=lambda r: (abs(r - rows), r))
+        return float(statistics.median(by_rows[key]))
+
+    # ---------------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        parts = {p: {str(r): statistics.median(v) for r, v in by.items()} for p, by in self._parts.items()}
+        return {"format": _FORMAT, "features": list(self.features), "coef": self.coefficients(),
+                "overheads": parts, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], **kwargs: Any) -> "CostModel":
+        if d.get("format") != _FORMAT:
+            raise ValueError(f"'format' is {d.get('format')!r}, expected {_FORMAT!r}")
+        parts = {p: {int(r): float(s) for r, s in by.items()} for p, by in d.get("overheads", {}).items()}
+        return cls(d["coef"], features=d["features"], overheads=parts, meta=d.get("meta"), **kwargs)
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=2))
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path, **kwargs: Any) -> "CostModel":
+        """Read a JSON cost model; a bad file raises :class:`~specmoe.errors.UserError` naming it."""
+        from specmoe.errors import UserError
+
+        p = Path(path)
+        try:
+            return cls.from_dict(json.loads(p.read_text()), **kwargs)
+        except FileNotFoundError as exc:
+            raise UserError(f"cost model '{p}' does not exist: run 'platform bench expert_latency --target DIR "
+                            f"--calibrate' to make one") from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"cost model '{p}' is not a valid {_FORMAT} JSON file ({exc!r}): recreate it with "
+                            f"'platform bench expert_latency --calibrate'") from exc

@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Rate-aware selection: what an engine and a selector that prices its choice in expected tokens per second
+(``goodput``) exchange, and the interface of such selectors.
+
+Per speculative step the engine (all optional for it: ``select`` keeps working):
+
+1. drafts the pool and runs the predictor, timing both;
+2. ``plan = selector.plan(tree, budget, experts, buffer, SelectionContext(temperature, kv_slots, t_draft,
+   t_pred))``;
+3. verifies ``plan.selected`` and accepts, exactly as for any selector (the choice of nodes never affects
+   losslessness);
+4. ``selector.observe(StepOutcome.from_record(record, ...))`` with what happened.
+
+``plan.expected_rate`` against ``plan.ar_rate`` (or a measured AR rate) is what an AR floor compares; AR steps
+are reported with ``StepOutcome(speculative=False, ...)`` so that the cost model also learns plain decoding.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from specmoe.interfaces.selector import Selector
+from specmoe.interfaces.tree import DraftTree
+
+__all__ = ["SelectionContext", "SelectionPlan", "StepOutcome", "AdaptiveSelector"]
+
+
+@dataclass(frozen=True)
+class SelectionContext:
+    """Per-step facts the engine knows when it selects.
+
+    Attributes:
+        temperature: sampling temperature of the step (0: greedy).
+        kv_slots: cached KV slots per row before verification (the cache's padded length).
+        t_draft: seconds this step's drafting took; ``None``: the selector's running estimate.
+        t_pred: seconds this step's expert prediction took (0 without a predictor); ``None``: estimate.
+    """
+
+    temperature: float = 0.0
+    kv_slots: int = 0
+    t_draft: float | None = None
+    t_pred: float | None = None
+
+
+@dataclass
+class SelectionPlan:
+    """A selection and its price.
+
+    Attributes:
+        selected: ``[B, N]`` bool, the :meth:`Selector.select` contract (ancestor-closed, root selected in
+            active rows, at most ``budget`` per row, no padding).
+        expected_tokens: ``[B]`` float64, per row ``1 + sum`` of the predicted acceptance probabilities of the
+            selected non-root nodes (tokens the step is expected to commit; 0 for inactive rows).
+        t_verify: predicted seconds of the verification pass.
+        t_step: predicted seconds of the whole step (draft + predictor + selection + verification).
+        expected_rate: ``expected_tokens.sum() / t_step``, tokens per second.
+        ar_rate: predicted tokens per second of a plain AR step for the same active rows (one token each, no
+            drafting, prediction or selection).
+    """
+
+    selected: torch.Tensor
+    expected_tokens: torch.Tensor
+    t_verify: float
+    t_step: float
+    expected_rate: float
+    ar_rate: float
+
+
+@dataclass
+class StepOutcome:
+    """What one step did, for online calibration.
+
+    Attributes:
+        rows: batch rows of the verification pass ``B``.
+        tokens: tokens verified over all rows, roots included (an AR step: its active rows).
+        width: the longest row's verified tokens.
+        kv_slots: cached KV slots per row before the pass.
+        experts_per_layer: unique experts per MoE layer in the pass (router's choice, union over the batch).
+        t_verify: measured seconds of the pass.
+        temperature: the step's temperature.
+        speculative: False for an AR step (then the draft fields below are ``None``).
+        t_draft, t_pred, t_select: measured seconds (``None`` when not measured).
+        tree: the candidate pool the selection ran on ``[B, N]``.
+        selected: ``[B, N]`` bool, the verified nodes.
+        accepted: ``[B, N]`` bool, the nodes of each row's accepted path (root included).
+    """
+
+    rows: int
+    tokens: int
+    width: int
+    kv_slots: int
+    experts_per_layer: Sequence[int]
+    t_verify: float
+    temperature: float = 0.0
+    speculative: bool = True
+    t_draft: float | None = None
+    t_pred: float | None = None
+    t_select: float | None = None
+    tree: DraftTree | None = None
+    selected: torch.Tensor | None = None
+    accepted: torch.Tensor | None = None
+
+    @classmethod
+    def from_record(cls, record: Any, *, rows: int, kv_slots: int, temperature: float,
+                    tree: DraftTree | None = None, selected: torch.Tensor | None = None,
+                    accepted: torch.Tensor | None = None, speculative: bool = True) -> "StepOutcome":
+        """From a :class:`~specmoe.decoding.records.StepRecord` plus what the record does not hold."""
+        return cls(rows=rows, tokens=int(sum(record.verified)), width=int(max(record.verified, default=0)),
+                   kv_slots=kv_slots, experts_per_layer=list(record.experts_per_layer), t_verify=record.t_verify,
+                   temperature=temperature, speculative=speculative,
+                   t_draft=record.t_draft if speculative else None, t_pred=record.t_pred if speculative else None,
+                   t_select=record.t_select if speculative else None, tree=tree, selected=selected,
+                   accepted=accepted)
+
+
+class AdaptiveSelector(Selector):
+    """A selector that prices its choice (:meth:`plan`) and learns from what happened (:meth:`observe`).
+
+    ``select`` is ``plan(...).selected`` with a default context, so an engine that knows nothing of this
+    interface still gets a valid selection; the last plan is kept in :attr:`last_plan`.
+    """
+
+    last_plan: SelectionPlan | None = None
+
+    @abstractmethod
+    def plan(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
+             buffer: torch.Tensor | None = None, context: SelectionContext | None = None) -> SelectionPlan:
+        """Choose nodes as :meth:`Selector.select` does and price the choice (see :class:`SelectionPlan`)."""
+
+    def select(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
+               buffer: torch.Tensor | None = None) -> torch.Tensor:
+        return self.plan(tree, budget, experts, buffer).selected
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Absorb a finished step (speculative or AR). Default: ignore."""

@@ -1,0 +1,209 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``goodput``: verify the nodes that maximise expected tokens per second, pricing the expert union.
+
+Per step, over the whole batch at once, choose ancestor-closed sets S_r (root included, 1 <= |S_r| <= gamma_max)
+maximising
+
+    rate(S) = sum_r (1 + sum_{i in S_r \\ root} a_i) / (T_draft + T_pred + T_select + T_verify(shape(S)))
+
+where ``a_i`` is the probability that node i's whole path is accepted (:class:`AcceptanceModel`) and
+``T_verify`` the cost model's seconds for the pass (:class:`CostModel`): verified tokens, the predicted expert
+union of all rows (sum over MoE layers), cached KV slots. Greedy, like EcoSpec with the cost in seconds: the
+expert buffer starts as the roots' predicted experts (plus an initial buffer, whose experts are free), each
+pick is the frontier node giving the highest rate once added (its marginal cost is one token plus
+``|path experts \\ buffer|`` expert-layers), and the selection stops when the best next node would lower the
+rate (``stop: drop``) or, with ``stop: best_prefix``, runs to gamma_max and keeps the best prefix.
+
+``expert_cost: false`` is the token-only ablation (EVICT / vLLM): no predictor, each extra token costs what a
+token costs with the expected union growth of a pass of that many tokens (observed, else random routing).
+
+The engine feeds measured T_draft / T_pred through :class:`SelectionContext` and outcomes through
+:meth:`observe` (online refits); until then the models are the prior: ``cost_model`` (a JSON from
+``platform bench expert_latency --calibrate``), ``coefficients`` (seconds per unit, over the JSON or instead
+of it), else :data:`UNCALIBRATED`; acceptance ``a = P(path)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from specmoe.decoding.acceptance_model import AcceptanceModel
+from specmoe.decoding.bitsets import pack_sets, popcount_rows
+from specmoe.decoding.cost_model import CostModel, VerifyShape
+from specmoe.decoding.selection import PackedPool, greedy_packed
+from specmoe.errors import UserError
+from specmoe.interfaces.selection import AdaptiveSelector, SelectionContext, SelectionPlan, StepOutcome
+from specmoe.interfaces.tree import DraftTree
+
+__all__ = ["GoodputSelector", "UNCALIBRATED"]
+
+#: prior seconds per unit without a calibration (orders of magnitude of the tiny CPU demo target)
+UNCALIBRATED = {"fixed": 5e-3, "tokens": 5e-4, "expert_layers": 5e-5, "kv_slots": 1e-6}
+
+
+class GoodputSelector(AdaptiveSelector):
+    """Greedy expected-tokens-per-second selection with an expert-union-aware cost model."""
+
+    description = "goodput: max expected tokens/s, cost = T_draft + T_pred + T_select + T_verify(tokens, experts)"
+
+    @dataclass
+    class Config:
+        gamma_max: Optional[int] = None
+        """cap on verified nodes per row, root included (default: the engine's budget)."""
+        expert_cost: bool = True
+        """price the predicted expert union; false: token-only ablation (needs no predictor)."""
+        cost_model: Optional[str] = None
+        """cost model JSON (``platform bench expert_latency --calibrate``)."""
+        coefficients: Optional[dict] = None
+        """seconds per unit of cost features (``fixed``, ``tokens``, ``expert_layers``, ``kv_slots``, ...)."""
+        online: bool = True
+        """refit the cost and acceptance models from :meth:`observe`."""
+        stop: str = "drop"
+        """``drop``: stop when the next node lowers the rate; ``best_prefix``: best prefix of the greedy order."""
+        cost_window: int = 256
+        acceptance_window: int = 4096
+
+    def __init__(self, config=None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        cfg = self.config
+        if cfg.stop not in ("drop", "best_prefix"):
+            raise UserError(f"selector goodput: stop must be 'drop' or 'best_prefix', got {cfg.stop!r}")
+        d = CostModel.load(cfg.cost_model).to_dict() if cfg.cost_model else {
+            **CostModel().to_dict(), "coef": {} if cfg.coefficients is not None else dict(UNCALIBRATED)}
+        d["coef"].update(cfg.coefficients or {})
+        d["features"] = list(dict.fromkeys([*d["features"], *d["coef"]]))
+        try:
+            self.cost = CostModel.from_dict(d, window=cfg.cost_window)
+        except ValueError as exc:
+            raise UserError(f"selector goodput, coefficients: {exc}") from exc
+        self.acceptance = AcceptanceModel(window=cfg.acceptance_window)
+        self.needs_experts = cfg.expert_cost
+        self._unions: dict[int, deque[float]] = {}  # tokens per pass -> observed expert-layers
+        self._last_select = 0.0
+
+    # ---------------------------------------------------------------- pricing helpers
+    def expected_expert_layers(self, tokens: int) -> float:
+        """Expected expert-layers of a pass of ``tokens`` tokens: observed mean, else random top-k routing
+        over the cost model's ``layers`` / ``experts`` / ``top_k`` (0 when those are unknown)."""
+        seen = self._unions.get(tokens)
+        if seen:
+            return float(np.mean(seen))
+        meta = self.cost.meta
+        if not all(k in meta for k in ("layers", "experts", "top_k")):
+            return 0.0
+        e, k = float(meta["experts"]), float(meta["top_k"])
+        return float(meta["layers"]) * e * (1.0 - (1.0 - k / e) ** tokens)
+
+    def calibration(self) -> dict:
+        """Cost coefficients and window errors, acceptance weights and calibration per temperature."""
+        acc = {str(t): {"weights": w.tolist(), **self.acceptance.calibration(t)}
+               for t, w in self.acceptance.weights.items()}
+        return {"cost": {"coef": self.cost.coefficients(), **self.cost.window_errors()}, "acceptance": acc}
+
+    # ---------------------------------------------------------------- selection
+    def plan(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
+             buffer: torch.Tensor | None = None, context: SelectionContext | None = None) -> SelectionPlan:
+        t_start = time.perf_counter()
+        cfg, cm = self.config, self.cost
+        ctx = context or SelectionContext()
+        if cfg.expert_cost and experts is None:
+            raise ValueError("goodput needs predicted expert sets (or expert_cost: false)")
+        gmax = min(budget, cfg.gamma_max) if cfg.gamma_max else budget
+        pool = PackedPool.build(tree, experts if cfg.expert_cost else None)
+        b, n = pool.shape
+        live = pool.valid[:, 0]
+        n_live = int(live.sum())
+        if n_live == 0:
+            self.last_plan = SelectionPlan(torch.zeros(b, n, dtype=torch.bool, device=tree.tokens.device),
+                                           torch.zeros(b, dtype=torch.float64), 0.0, 0.0, 0.0, 0.0)
+            return self.last_plan
+        acc = self.acceptance.predict(tree.path_logp.detach().cpu().numpy(), tree.depth.detach().cpu().numpy(),
+                                      ctx.temperature).reshape(-1)
+        b0 = None
+        if cfg.expert_cost:
+            b0 = pack_sets(buffer.reshape(experts.shape[-2:])) if buffer is not None else None
+            roots = np.bitwise_or.reduce(pool.paths[live, 0], axis=0)
+            e0 = float(popcount_rows(roots & ~b0) if b0 is not None else popcount_rows(roots))
+        else:
+            e0 = self.expected_expert_layers(n_live)
+        kv = ctx.kv_slots
+        t_fixed = sum(x if x is not None else cm.predict_part(p, b) for p, x in
+                      (("t_draft", ctx.t_draft), ("t_pred", ctx.t_pred), ("t_select", None)))
+        t_ar = cm.predict_verify(VerifyShape(tokens=n_live, expert_layers=e0, rows=b, width=1, kv_slots=kv))
+        c_tok = cm.coefficient("tokens") + cm.coefficient("token_kv") * kv
+        c_col = cm.coefficient("padded_tokens") * b  # one more column of a padded batch
+        c_exp = cm.coefficient("expert_layers")
+        st = {"a": float(n_live), "t": max(t_fixed + t_ar, 1e-12), "tokens": n_live, "width": 1, "e": e0}
+        count = live.astype(np.int64)
+        picks: list[tuple[int, float, float]] = []  # (node, rate after, t_verify after)
+
+        def token_only() -> float:  # expected expert-layers one more token adds
+            return c_exp * (self.expected_expert_layers(st["tokens"] + 1) - st["e"])
+
+        def score(idx: np.ndarray, new: np.ndarray | None) -> np.ndarray:
+            t = st["t"] + c_tok
+            if c_col:
+                t = t + c_col * (count[idx // n] >= st["width"])
+            t = t + c_exp * new if cfg.expert_cost else t + token_only()
+            return (st["a"] + acc[idx]) / t
+
+        def take(f: int, new: int) -> bool:
+            dt = c_tok + c_col * (count[f // n] >= st["width"])
+            dt += c_exp * new if cfg.expert_cost else token_only()
+            rate = (st["a"] + acc[f]) / (st["t"] + dt)
+            if cfg.stop == "drop" and rate < st["a"] / st["t"]:
+                return False
+            r = f // n
+            count[r] += 1
+            st["width"] = max(st["width"], int(count[r]))
+            st["a"] += acc[f]
+            st["t"] += dt
+            st["tokens"] += 1
+            st["e"] = st["e"] + new if cfg.expert_cost else self.expected_expert_layers(st["tokens"])
+            picks.append((f, rate, st["t"] - t_fixed))
+            return True
+
+        sel = greedy_packed(pool, gmax, score, buffer=b0, shared=True, joint=True, take=take)
+        rate, t_verify = st["a"] / st["t"], st["t"] - t_fixed
+        if cfg.stop == "best_prefix" and picks:
+            rates = [n_live / (t_fixed + t_ar)] + [p[1] for p in picks]
+            keep = int(np.argmax(rates))
+            for f, _, _ in picks[keep:]:
+                sel.reshape(-1)[f] = False
+            rate, t_verify = rates[keep], picks[keep - 1][2] if keep else t_ar
+        flat = sel.reshape(-1).copy()
+        flat[np.arange(b) * n] = False
+        exp_tokens = live + np.bincount(np.flatnonzero(flat) // n, acc[flat], minlength=b)
+        self._last_select = time.perf_counter() - t_start
+        dev = tree.tokens.device
+        self.last_plan = SelectionPlan(
+            selected=torch.from_numpy(sel).to(dev), expected_tokens=torch.from_numpy(exp_tokens),
+            t_verify=float(t_verify), t_step=float(t_fixed + t_verify), expected_rate=float(rate),
+            ar_rate=n_live / t_ar if t_ar > 0 else float("inf"))
+        return self.last_plan
+
+    # ---------------------------------------------------------------- feedback
+    def observe(self, outcome: StepOutcome) -> None:
+        if not self.config.online:
+            return
+        el = float(sum(outcome.experts_per_layer))
+        self.cost.observe_verify(VerifyShape(tokens=outcome.tokens, expert_layers=el, rows=outcome.rows,
+                                             width=outcome.width, kv_slots=outcome.kv_slots), outcome.t_verify)
+        self._unions.setdefault(outcome.tokens, deque(maxlen=self.config.cost_window)).append(el)
+        if not outcome.speculative:
+            return
+        t_select = outcome.t_select if outcome.t_select is not None else self._last_select
+        self.cost.observe_parts(outcome.rows, t_draft=outcome.t_draft, t_pred=outcome.t_pred, t_select=t_select)
+        if outcome.tree is not None and outcome.selected is not None and outcome.accepted is not None:
+            tree = outcome.tree
+            mask = (outcome.selected & tree.valid).clone()
+            mask[:, 0] = False
+            self.acceptance.observe(tree.path_logp[mask].detach().cpu().numpy(),
+                                    tree.depth[mask].detach().cpu().numpy(),
+                                    outcome.accepted[mask].detach().cpu().numpy(), outcome.temperature)

@@ -1,0 +1,72 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The acceptance model on synthetic outcomes with a known ground truth: it recovers the generating logistic
+model, becomes calibrated (ECE, Brier) where the prior a = P(path) is not, keeps temperatures apart, forgets
+old outcomes through its window, and never predicts a child likelier than its parent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specmoe.decoding.acceptance_model import AcceptanceModel, brier_score, expected_calibration_error
+
+TRUTH = np.array([-0.4, 1.6, -0.3])  # bias, logit P(path), depth
+
+
+def synthetic(n: int, rng: np.random.Generator, w: np.ndarray = TRUTH):
+    depth = rng.integers(1, 7, n)
+    logp = np.log(rng.uniform(0.01, 0.99, n)) * depth / 2
+    p = np.clip(np.exp(logp), 1e-6, 1 - 1e-6)
+    a = 1 / (1 + np.exp(-(w[0] + w[1] * np.log(p / (1 - p)) + w[2] * depth)))
+    return logp, depth, rng.random(n) < a, a
+
+
+def test_recovers_the_generating_model_and_calibrates():
+    rng = np.random.default_rng(0)
+    m = AcceptanceModel(window=20000, refit_every=1000)
+    logp, depth, acc, _ = synthetic(20000, rng)
+    before = m.predict(logp, depth, 0.0)
+    np.testing.assert_allclose(before, np.clip(np.exp(logp), 1e-6, 1 - 1e-6), rtol=1e-9)  # prior: a = P(path)
+    m.observe(logp, depth, acc, 0.0)
+    np.testing.assert_allclose(m.weights_for(0.0), TRUTH, atol=0.12)
+    test_logp, test_depth, test_acc, test_a = synthetic(20000, rng)
+    pred = m.predict(test_logp, test_depth, 0.0)
+    assert np.abs(pred - test_a).max() < 0.05
+    ece_fit = expected_calibration_error(pred, test_acc)
+    ece_prior = expected_calibration_error(m.predict(test_logp, test_depth, 1.0), test_acc)  # T=1: unfitted
+    assert ece_fit < 0.02 < ece_prior
+    assert brier_score(pred, test_acc) < brier_score(m.predict(test_logp, test_depth, 1.0), test_acc)
+    cal = m.calibration(0.0)
+    assert cal["n"] == 20000 and cal["ece"] < 0.02
+
+
+def test_temperatures_are_separate_and_the_window_forgets():
+    rng = np.random.default_rng(1)
+    other = np.array([0.5, 0.8, -0.1])
+    m = AcceptanceModel(window=4000, refit_every=500)
+    logp, depth, acc, _ = synthetic(4000, rng)
+    m.observe(logp, depth, acc, 0.0)
+    logp1, depth1, acc1, _ = synthetic(4000, rng, other)
+    m.observe(logp1, depth1, acc1, 1.0)
+    np.testing.assert_allclose(m.weights_for(0.0), TRUTH, atol=0.25)
+    np.testing.assert_allclose(m.weights_for(1.0), other, atol=0.25)
+    # the T = 0 regime changes: after a window of new outcomes the old ones are gone
+    m.observe(logp1, depth1, acc1, 0.0)
+    np.testing.assert_allclose(m.weights_for(0.0), other, atol=0.25)
+    restored = AcceptanceModel.from_dict(m.to_dict())
+    np.testing.assert_allclose(restored.weights_for(1.0), m.weights_for(1.0))
+
+
+def test_few_outcomes_stay_near_the_prior_and_children_never_beat_parents():
+    m = AcceptanceModel(refit_every=1)
+    m.observe(np.log([0.9, 0.8]), [1, 2], [False, False], 0.0)  # two unlucky outcomes
+    w = m.weights_for(0.0)
+    assert abs(w[1] - 1.0) < 0.2 and w[1] >= 0 and w[2] <= 0
+    a = m.predict(np.log([0.9, 0.9, 0.5]), [1, 2, 2], 0.0)
+    assert a[1] <= a[0] and a[2] <= a[1]
+
+
+@pytest.mark.parametrize("pred,outcome,ece", [([0.2] * 10, [1, 1] + [0] * 8, 0.0),
+                                               ([0.95] * 4, [0, 0, 0, 0], 0.95)])
+def test_ece_by_hand(pred, outcome, ece):
+    assert expected_calibration_error(np.array(pred), np.array(outcome)) == pytest.approx(ece)

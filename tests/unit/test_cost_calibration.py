@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``platform bench expert_latency --calibrate`` on a tiny target: the grid, forced unions reaching the real
+experts in the engine's verification call, the fitted model saved as JSON with its errors, the engine check."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from specmoe.bench import cost_calibration, expert_latency
+from specmoe.decoding.cost_model import CostModel
+
+
+def test_grid_spans_the_unions():
+    g = cost_calibration.grid(top_k=2, num_experts=8, gammas=[1, 4], batches=[1, 2], contexts=[16], unions_per_t=3)
+    assert (1, 16, 1, 2) in g and (1, 16, 4, 8) in g and (2, 16, 4, 8) in g
+    assert [u for b, c, gm, u in g if (b, gm) == (1, 1)] == [2]  # one token: only top_k experts
+    assert [u for b, c, gm, u in g if (b, gm) == (1, 4)] == [2, 5, 8]
+    assert all(2 <= u <= min(8, b * gm * 2) for b, c, gm, u in g)
+
+
+def test_calibration_forces_the_unions(make_target):
+    target = make_target("gpt_oss")
+    seen: list[int] = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args: seen.append(int(args[1].unique().numel())))
+             for m in target.experts_modules()]
+    configs = [(1, 8, 4, 3), (2, 8, 2, 6)]
+    try:
+        recs = cost_calibration.calibrate(target, configs, iters=1, warmup=0, seed=0)
+    finally:
+        for h in hooks:
+            h.remove()
+    layers = len(target.experts_modules())
+    timed = seen[-2 * layers:]  # prefills of the two (batch, context) caches come first
+    assert sorted(timed) == [3] * layers + [6] * layers
+    assert sorted((r["batch"], r["gamma"], r["union"]) for r in recs) == [(1, 4, 3), (2, 2, 6)]
+    assert all(r["seconds"] > 0 for r in recs)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    expert_latency.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_calibrate_cli_saves_a_cost_model(make_target, tmp_path, capsys):
+    target = make_target("gpt_oss")
+    out = tmp_path / "stage"
+    rc = expert_latency.run(_args("--target", target.path, "--calibrate", "--gammas", "1,4", "--batches", "1,2",
+                                  "--contexts", "8,24", "--unions-per-t", "2", "--iters", "2", "--warmup", "0",
+                                  "--clock", "thread", "--check-steps", "2", "--save", str(out), "--threads", "1",
+                                  "--features", "fixed,tokens,expert_layers,kv_slots",
+                                  "--features", "fixed,tokens,expert_layers"))
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert text.count("T_verify = ") == 2 and text.count("held-out calls") == 2 and "engine, online" in text
+    model = CostModel.load(out / "cost_model.json")
+    assert set(model.features) == {"fixed", "tokens", "expert_layers", "kv_slots"}
+    assert all(c >= 0 for c in model.coefficients().values()) and model.coefficient("fixed") > 0
+    fit = model.meta["fit"]
+    configs = cost_calibration.grid(2, 8, gammas=[1, 4], batches=[1, 2], contexts=[8, 24], unions_per_t=2)
+    assert len(configs) == 14  # per context: (1 row, 1 token) has one union, the three others two
+    assert fit["train"]["n"] + fit["heldout_calls"]["n"] == 2 * len(configs)  # 2 rounds
+    assert fit["engine_steps"]["offline"]["n"] > 0
+    assert model.meta["layers"] == 4 and model.meta["top_k"] == 2 and model.meta["clock"] == "thread"
+
+
+def test_calibrate_cli_rejects_bad_features(make_target, tmp_path):
+    from specmoe.errors import UserError
+
+    target = make_target("gpt_oss")
+    with pytest.raises(UserError, match="--features"):
+        expert_latency.run(_args("--target", target.path, "--calibrate", "--features", "fixed,flops",
+                                 "--save", str(tmp_path)))

@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The cost model on synthetic passes with known coefficients: the robust fit recovers them despite outliers,
+online refits keep a coefficient whose feature does not vary at its prior, coefficients stay non-negative,
+JSON round-trips, and a bad file is one clear error naming it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specmoe.decoding.cost_model import CostModel, VerifyShape, huber_fit, relative_errors
+from specmoe.errors import UserError
+
+TRUE = {"fixed": 2e-3, "tokens": 4e-4, "expert_layers": 5e-5, "kv_slots": 1e-6}
+
+
+def passes(n: int, rng: np.random.Generator, outliers: float = 0.1, tokens=None):
+    shapes, secs = [], []
+    for _ in range(n):
+        rows = int(rng.integers(1, 5))
+        tok = int(tokens if tokens is not None else rng.integers(rows, rows * 8 + 1))
+        shape = VerifyShape(tokens=tok, expert_layers=float(rng.integers(4, 4 * 36)), rows=rows,
+                            kv_slots=int(rng.integers(16, 1024)))
+        t = sum(TRUE[f] * v for f, v in zip(TRUE, shape.features(list(TRUE))))
+        t *= 1 + 0.02 * rng.standard_normal()
+        if rng.random() < outliers:
+            t *= 1.5 + 2 * rng.random()  # another process took the core
+        shapes.append(shape)
+        secs.append(t)
+    return shapes, secs
+
+
+def test_robust_offline_fit_recovers_coefficients():
+    rng = np.random.default_rng(0)
+    shapes, secs = passes(400, rng)
+    m = CostModel()
+    train = m.fit(shapes, secs)
+    for f, c in TRUE.items():
+        assert m.coefficient(f) == pytest.approx(c, rel=0.1), f
+    assert train["median_abs_rel_error"] < 0.03
+    held_shapes, held_secs = passes(200, rng, outliers=0.0)
+    err = relative_errors([m.predict_verify(s) for s in held_shapes], held_secs)
+    assert err["median_abs_rel_error"] < 0.03 and err["n"] == 200
+    # plain least squares is pulled by the outliers
+    x = np.stack([s.features(m.features) for s in shapes])
+    ls = np.linalg.lstsq(x / np.array(secs)[:, None], np.ones(len(secs)), rcond=None)[0]
+    assert abs(ls[0] / TRUE["fixed"] - 1) > abs(m.coefficient("fixed") / TRUE["fixed"] - 1)
+
+
+def test_online_refit_splits_inseparable_terms_by_the_prior():
+    rng = np.random.default_rng(1)
+    prior = {f: 2 * c for f, c in TRUE.items()}
+    m = CostModel(prior, window=64, refit_every=16, min_fit=16)
+    assert m.coefficients() == prior
+    shapes, secs = passes(64, rng, outliers=0.0, tokens=4)  # every pass verifies 4 tokens
+    for s, t in zip(shapes, secs):
+        m.observe_verify(s, t)
+    assert m.coefficients() != prior  # refitted online
+    assert m.window_errors()["median_abs_rel_error"] < 0.05
+    # fixed and tokens cannot be separated here: their sum at 4 tokens is fitted, the split follows the prior
+    assert m.coefficient("fixed") + 4 * m.coefficient("tokens") == pytest.approx(
+        TRUE["fixed"] + 4 * TRUE["tokens"], rel=0.1)
+    assert 0.2 < m.coefficient("tokens") / prior["tokens"] < 5
+    assert m.coefficient("expert_layers") == pytest.approx(TRUE["expert_layers"], rel=0.2)
+
+
+def test_coefficients_are_never_negative():
+    x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0], [1.0, 4.0]])
+    y = np.array([4.0, 3.0, 2.0, 1.0])  # decreasing in the second feature
+    c = huber_fit(x, y)
+    assert (c >= 0).all() and c[1] == 0
+
+
+def test_parts_json_round_trip_and_errors(tmp_path):
+    m = CostModel(TRUE, meta={"target": "tiny"})
+    for t in (0.010, 0.012, 0.011):
+        m.observe_parts(1, t_draft=t, t_pred=t / 10, t_select=None)
+    m.observe_parts(8, t_draft=0.05)
+    assert m.predict_part("t_draft", 1) == pytest.approx(0.011)
+    assert m.predict_part("t_draft", 6) == pytest.approx(0.05)  # nearest batch size
+    assert m.predict_part("t_select", 1) == 0.0
+    path = m.save(tmp_path / "sub" / "cost_model.json")
+    back = CostModel.load(path)
+    assert back.coefficients() == pytest.approx(m.coefficients())
+    assert back.predict_part("t_pred", 1) == pytest.approx(0.0011)
+    assert back.meta["target"] == "tiny"
+    shape = VerifyShape(tokens=4, expert_layers=40.0, kv_slots=100)
+    assert back.predict_verify(shape) == pytest.approx(m.predict_verify(shape))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(UserError, match="bad.json"):
+        CostModel.load(bad)
+    with pytest.raises(UserError, match="does not exist"):
+        CostModel.load(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="unknown cost features"):
+        CostModel(features=("fixed", "flops"))

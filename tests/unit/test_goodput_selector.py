@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``goodput``: the packed greedy equals a literal re-evaluation of the expected rate on random trees (batch 1
+and 8, initial buffer or not, both stop rules, the token-only ablation); its plan is priced consistently;
+costs and acceptance move the choice the way the objective says; observed outcomes refit both models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from fixtures import reference_selection as ref
+from fixtures.random_trees import random_sets, random_tree
+
+from specmoe.decoding.cost_model import CostModel
+from specmoe.errors import UserError
+from specmoe.interfaces.selection import SelectionContext, StepOutcome
+from specmoe.interfaces.tree import is_ancestor_closed
+from specmoe.registry import selectors
+
+COEF = {"fixed": 4e-3, "tokens": 3e-4, "expert_layers": 6e-5, "kv_slots": 1e-6}
+
+
+def make(**kw):
+    return selectors.get("goodput")(coefficients=kw.pop("coefficients", COEF), **kw)
+
+
+@pytest.mark.parametrize("stop", ["drop", "best_prefix"])
+@pytest.mark.parametrize("bsz,n,layers,n_exp,k", [(1, 11, 4, 16, 2), (8, 11, 3, 12, 2), (8, 30, 2, 8, 2)])
+def test_packed_goodput_equals_literal_rate_search(stop, bsz, n, layers, n_exp, k):
+    g = torch.Generator().manual_seed(bsz * n + layers)
+    multi = 0
+    for trial in range(6):
+        tree = random_tree(bsz, n, g, padding=trial % 2 == 1)
+        ex = random_sets(bsz, n, layers, n_exp, k, g)
+        b0 = torch.rand(layers, n_exp, generator=g) < 0.2 if trial % 3 == 2 else None
+        sel = make(stop=stop)
+        ctx = SelectionContext(kv_slots=100, t_draft=2e-3, t_pred=5e-4)
+        acc = torch.from_numpy(sel.acceptance.predict(tree.path_logp.numpy(), tree.depth.numpy(), 0.0))
+        for budget in (1, 3, 6, n + 2) if bsz == 1 else (1, 3, 6):  # the literal search is slow
+            plan = sel.plan(tree, budget, ex, b0, ctx)
+            want, want_rate = ref.goodput(tree, budget, ex, COEF, acc, buffer=b0, t_fixed=2.5e-3, kv_slots=100,
+                                          stop=stop)
+            assert torch.equal(plan.selected, want), (trial, budget)
+            assert plan.expected_rate == pytest.approx(want_rate, rel=1e-9)
+            assert bool(is_ancestor_closed(tree.parents, plan.selected)[tree.valid[:, 0]].all())
+            assert (plan.selected.sum(1) <= budget).all() and not (plan.selected & ~tree.valid).any()
+            multi += int((plan.selected.sum(1) > 1).any())
+    assert multi > 0, "some plans must verify more than the roots"
+
+
+def test_token_only_ablation_equals_literal_search_and_needs_no_experts():
+    g = torch.Generator().manual_seed(3)
+    meta = {"layers": 4, "experts": 16, "top_k": 2}
+    union = lambda t: 4 * 16 * (1 - (1 - 2 / 16) ** t)  # noqa: E731
+    for trial in range(6):
+        tree = random_tree(8, 11, g, padding=trial % 2 == 1)
+        sel = make(expert_cost=False)
+        sel.cost.meta.update(meta)
+        assert not sel.needs_experts
+        acc = torch.from_numpy(sel.acceptance.predict(tree.path_logp.numpy(), tree.depth.numpy(), 0.0))
+        plan = sel.plan(tree, 5, None, None, SelectionContext(t_draft=1e-3, t_pred=0.0))
+        want, want_rate = ref.goodput(tree, 5, None, COEF, acc, t_fixed=1e-3, expected_union=union)
+        assert torch.equal(plan.selected, want)
+        assert plan.expected_rate == pytest.approx(want_rate, rel=1e-9)
+
+
+def test_plan_pricing_and_select_contract():
+    g = torch.Generator().manual_seed(0)
+    tree = random_tree(4, 20, g)
+    ex = random_sets(4, 20, 3, 12, 2, g)
+    sel = make()
+    plan = sel.plan(tree, 6, ex, None, SelectionContext(t_draft=3e-3, t_pred=1e-3))
+    live = tree.valid[:, 0]
+    assert torch.equal(sel.select(tree, 6, ex), sel.plan(tree, 6, ex).selected) and sel.last_plan is not None
+    assert plan.t_step == pytest.approx(4e-3 + plan.t_verify)
+    assert plan.expected_rate == pytest.approx(float(plan.expected_tokens.sum()) / plan.t_step)
+    assert (plan.expected_tokens[~live] == 0).all() and (plan.expected_tokens[live] >= 1).all()
+    roots_only = sel.plan(tree, 1, ex, None, SelectionContext(t_draft=3e-3, t_pred=1e-3))
+    assert plan.expected_rate >= roots_only.expected_rate
+    assert roots_only.expected_rate < roots_only.ar_rate == pytest.approx(plan.ar_rate)  # no free lunch
+    empty = tree.valid.clone()
+    empty[:] = False
+    tree.valid = empty
+    assert not sel.plan(tree, 6, ex).selected.any()
+
+
+def test_costs_and_acceptance_steer_the_choice():
+    g = torch.Generator().manual_seed(1)
+    tree = random_tree(1, 30, g, padding=False)
+    ex = random_sets(1, 30, 8, 32, 4, g)
+    free = make(coefficients={"fixed": 1e-2}, gamma_max=7).plan(tree, 20, ex)
+    assert int(free.selected.sum()) == 7  # verification costs nothing extra: take gamma_max
+    dear = make(coefficients={"fixed": 1e-3, "tokens": 1e-3, "expert_layers": 1e-3}).plan(tree, 20, ex)
+    assert int(dear.selected.sum()) == 1  # each node costs more than the rate it adds
+    cheap_ex = make(coefficients={"fixed": 4e-3, "tokens": 2e-4, "expert_layers": 1e-6}).plan(tree, 8, ex)
+    dear_ex = make(coefficients={"fixed": 4e-3, "tokens": 2e-4, "expert_layers": 2e-4}).plan(tree, 8, ex)
+    union = lambda p: int(ex[0][p.selected[0]].any(0).sum())  # noqa: E731
+    assert union(dear_ex) < union(cheap_ex)
+
+
+def test_observe_refits_cost_and_acceptance():
+    g = torch.Generator().manual_seed(2)
+    true = {"fixed": 1e-3, "tokens": 1e-3, "expert_layers": 1e-4, "kv_slots": 2e-6}
+    sel = make(cost_window=64)
+    sel.cost.refit_every = sel.cost.min_fit = 16
+    rng = np.random.default_rng(0)
+    for _ in range(48):
+        tree = random_tree(2, 11, g, padding=False)
+        selected = torch.zeros(2, 11, dtype=torch.bool)
+        selected[:, :3] = True
+        selected = selected & tree.valid
+        accepted = torch.zeros_like(selected)
+        accepted[:, 0] = True
+        accepted[:, 1] = tree.parents[:, 1] == 0  # node 1 is the root's child: accepted
+        tokens, el, kv = int(rng.integers(2, 9)), 4 * int(rng.integers(2, 15)), int(rng.integers(10, 500))
+        t = true["fixed"] + true["tokens"] * tokens + true["expert_layers"] * el + true["kv_slots"] * 2 * kv
+        sel.observe(StepOutcome(rows=2, tokens=tokens, width=4, kv_slots=kv, experts_per_layer=[el // 4] * 4,
+                                t_verify=t * (1 + 0.01 * rng.standard_normal()), t_draft=2e-3, t_pred=1e-4,
+                                t_select=5e-5, tree=tree, selected=selected, accepted=accepted))
+    for f, c in true.items():
+        assert sel.cost.coefficient(f) == pytest.approx(c, rel=0.25), f
+    assert sel.cost.predict_part("t_draft", 2) == pytest.approx(2e-3)
+    cal = sel.calibration()
+    assert cal["acceptance"]["0.0"]["n"] == 48 * 2 * 2
+    assert cal["cost"]["median_abs_rel_error"] < 0.05
+    frozen = make(online=False)
+    frozen.observe(StepOutcome(rows=1, tokens=1, width=1, kv_slots=1, experts_per_layer=[4], t_verify=1.0))
+    assert frozen.cost.coefficients() == COEF
+
+
+def test_cost_model_file_and_bad_options(tmp_path):
+    path = CostModel(COEF, meta={"layers": 4}).save(tmp_path / "cost_model.json")
+    sel = selectors.get("goodput")(cost_model=str(path), coefficients={"token_kv": 1e-8})
+    assert sel.cost.coefficient("expert_layers") == COEF["expert_layers"]
+    assert sel.cost.coefficient("token_kv") == 1e-8 and sel.cost.meta["layers"] == 4
+    with pytest.raises(UserError, match="stop"):
+        selectors.get("goodput")(stop="never")
+    with pytest.raises(UserError, match="coefficients"):
+        selectors.get("goodput")(coefficients={"flops": 1.0})
+    with pytest.raises(UserError, match="does not exist"):
+        selectors.get("goodput")(cost_model=str(tmp_path / "none.json"))
