@@ -62,11 +62,11 @@ def test_batched_greedy_equals_ar(make_target, arch):
     target = make_target(arch)
     drafter, pred, prompts, stop = _setup(target, {"share_target": True})
     refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
-    for sel_name in ("confidence", "ecospec"):
-        engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(), pred)
+    for sel_name, opts in (("confidence", {}), ("ecospec", {}), ("ecospec", {"shared_buffer": True})):
+        engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(**opts), pred)
         out = engine.generate(prompts[:4], budget=4, steps=3, top_k=2, temperature=0, stop=stop)
-        assert out.tokens == refs[:4], sel_name
-        assert multi_token_share([out]) >= MIN_MULTI, sel_name
+        assert out.tokens == refs[:4], (sel_name, opts)
+        assert multi_token_share([out]) >= MIN_MULTI, (sel_name, opts)
         # batched AR (left padding, model's own masks) agrees as well
     ar_b = ar_generate(target, prompts[:4], temperature=0, stop=stop)
     assert ar_b.tokens == refs[:4]
