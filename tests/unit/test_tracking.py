@@ -231,6 +231,7 @@ def test_metric_and_tag_names():
         "E",
         "E_pred",
         "expert_bytes_per_step",
+        "expert_bytes_per_step_loaded",
         "t_pred",
         "t_draft",
         "t_select",

@@ -77,13 +77,18 @@ class Generation:
     expert_counts: list[list[int]] | None = None
 
 
-def summarize(gens: list[Generation], bytes_per_expert: int, num_moe_layers: int) -> dict[str, float]:
+def summarize(gens: list[Generation], bytes_per_expert: int, num_moe_layers: int,
+              bytes_per_expert_loaded: int | None = None) -> dict[str, float]:
     """Aggregate metrics over generations.
 
     * ``alpha``: mean over steps and rows of tokens appended per step (Spec-Bench: bonus included).
     * ``E``: mean unique experts per MoE layer per verification step.
     * ``tokens_per_s``: mean over generations of (new tokens / wall time) (Spec-Bench per-question tok/s).
-    * ``expert_bytes_per_step``: E x MoE layers x bytes per expert (paper Table 2 estimate).
+    * ``expert_bytes_per_step``: E x MoE layers x ``bytes_per_expert``, the bytes of one routed expert at the
+      checkpoint's stored precision (``Target.bytes_per_expert_stored``): the paper's Table 2 estimate counts
+      experts at that precision (Fig. 1c: 12.45 MB MXFP4, 37.75 MB bf16, 44.04 MB FP8).
+    * ``expert_bytes_per_step_loaded``: the same at the loaded precision (``Target.bytes_per_expert``), what a
+      pass that dequantized the experts on load reads; only when ``bytes_per_expert_loaded`` is given.
     """
     steps = [s for g in gens for s in g.steps]
     acc = [a for s in steps for a in s.accepted]
@@ -105,6 +110,8 @@ def summarize(gens: list[Generation], bytes_per_expert: int, num_moe_layers: int
         "steps": float(len(steps)),
         "new_tokens": float(sum(len(t) for g in gens for t in g.tokens)),
     }
+    if bytes_per_expert_loaded is not None:
+        out["expert_bytes_per_step_loaded"] = e * num_moe_layers * bytes_per_expert_loaded
     if pred:
         out["E_pred"] = mean(pred)
     total = sum(s.pred_total for s in steps)

@@ -71,7 +71,7 @@ def run_cell(method: Method, samples: Sequence[Sample], render: Callable[[Sample
         if progress is not None:
             progress.update(len(batch))
     t = method.target
-    metrics = summarize(gens, t.bytes_per_expert, t.num_moe_layers)
+    metrics = summarize(gens, t.bytes_per_expert_stored, t.num_moe_layers, t.bytes_per_expert)
     # Spec-Bench: mean over questions (here over batches) of tokens / wall time
     batch_tps = [r["batch_tokens_per_s"] for r in per_sample[::bsz]]
     metrics["tokens_per_s"] = sum(batch_tps) / len(batch_tps) if batch_tps else 0.0

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_METRICS = ("speedup", "alpha", "E")
 TABLE3_METRICS = ("E", "t_pred", "t_draft", "t_verify", "t_total", "alpha", "speedup")
 _LABELS = {"speedup": "Spd", "alpha": "α", "E": "E", "E_pred": "E_pred",
-           "expert_bytes_per_step": "bytes/step",
+           "expert_bytes_per_step": "bytes/step", "expert_bytes_per_step_loaded": "bytes/step (loaded)",
            "t_pred": "T_pred", "t_draft": "T_draft", "t_select": "T_select", "t_verify": "T_verify",
            "t_total": "T_total", "rho": "ρ", "tokens_per_s": "tok/s", "predictor_accuracy": "pred acc",
            "matches_ar": "= AR"}
@@ -211,7 +211,7 @@ def _fmt(metric: str, value: float | None, unit: str = "s") -> str:
         return f"{ms:.1f}ms" if abs(ms) >= 100 else f"{ms:.2f}ms" if abs(ms) >= 1 else f"{ms:.3f}ms"
     if metric in ("E", "E_pred", "tokens_per_s"):
         return f"{value:.1f}"
-    if metric == "expert_bytes_per_step":
+    if metric in ("expert_bytes_per_step", "expert_bytes_per_step_loaded"):
         return f"{value / 2**20:.1f}MiB"
     if metric == "predictor_accuracy":
         return f"{value:.3f}"

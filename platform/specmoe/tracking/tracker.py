@@ -39,8 +39,9 @@ __all__ = ["Tracker", "NullTracker", "RunHandle", "NullRun", "FoundRun", "CELL_M
 logger = logging.getLogger(__name__)
 
 #: metric names of a nested cell run (logged by the evaluation; read by ``platform compare``).
-CELL_METRICS = ("speedup", "alpha", "E", "E_pred", "expert_bytes_per_step", "t_pred", "t_draft", "t_select",
-                "t_verify", "t_total", "rho", "tokens_per_s", "predictor_accuracy", "matches_ar")
+CELL_METRICS = ("speedup", "alpha", "E", "E_pred", "expert_bytes_per_step", "expert_bytes_per_step_loaded",
+                "t_pred", "t_draft", "t_select", "t_verify", "t_total", "rho", "tokens_per_s", "predictor_accuracy",
+                "matches_ar")
 #: tags identifying a nested cell run.
 CELL_TAGS = ("specmoe.kind", "specmoe.method", "specmoe.dataset", "specmoe.temperature", "specmoe.budget",
              "specmoe.batch_size", "specmoe.parent")

@@ -8,7 +8,7 @@ scores above its parent under the same buffer) this picks the same nodes as the 
 unselected node, up to ties, and the result is ancestor-closed by construction.
 
 Batches. The paper runs Algorithm 1 once per sequence: each row has its own buffer, starting from the
-initial buffer ``B0`` (its Appendix A measures batch sizes 1-4 but describes no buffer shared by the batch).
+initial buffer ``B0`` (its Appendix A measures batch sizes up to 8 but describes no buffer shared by the batch).
 That is the default here (``shared_buffer: false``). ``shared_buffer: true`` is **this project's extension**:
 one buffer for the whole batch, rows competing in one greedy sequence, so that a row's picks favour the
 experts that other rows already load (the verification pass reads the union over the batch). It changes which
