@@ -241,16 +241,18 @@ def test_gpt_oss_clamp_is_exercised():
     assert 0.05 < frac < 0.95, frac
 
 
-def test_torch_union_bf16_keeps_dtype_and_is_as_accurate_as_eager():
-    gold_model = build_model("qwen3_moe")
-    model = build_model("qwen3_moe", torch.bfloat16)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_torch_union_bf16_keeps_dtype_and_is_as_accurate_as_eager(arch):
+    gold_model = build_model(arch)
+    model = build_model(arch, torch.bfloat16)
     module, gold_module = experts_module(model), experts_module(gold_model)
-    hidden, idx, w = case_inputs("qwen3_moe", "random_24", gold_module)
+    hidden, idx, w = case_inputs(arch, "random_24", gold_module)
+    w_model = w if arch == "deepseek_v3" else w.bfloat16()  # DeepSeek-V3 routes with fp32 weights
     gold = eager_reference(gold_model, gold_module, hidden, idx, w)
-    ref = eager_reference(model, module, hidden.bfloat16(), idx, w.bfloat16())
+    ref = eager_reference(model, module, hidden.bfloat16(), idx, w_model)
     from specmoe.kernels.union_torch import union_experts_forward
 
-    out = union_experts_forward(module, hidden.bfloat16(), idx, w.bfloat16())
+    out = union_experts_forward(module, hidden.bfloat16(), idx, w_model)
     assert out.dtype == torch.bfloat16
     assert (out.float() - gold).abs().max() <= 2 * (ref.float() - gold).abs().max()
     # not bit-identical in bf16: the union sums the experts in fp32 and rounds once, eager rounds after each
