@@ -120,7 +120,19 @@ class Target(Plugin, ABC):
     @property
     @abstractmethod
     def bytes_per_expert(self) -> int:
-        """Bytes of one routed expert's weights in the loaded dtype."""
+        """Bytes of one routed expert's weights (and biases) as loaded, in the dtype the model runs in."""
+
+    @property
+    @abstractmethod
+    def bytes_per_expert_stored(self) -> int:
+        """Bytes of one routed expert's weights (and biases) at the checkpoint's stored precision (MXFP4 with
+        its scales, FP8 with its block scales, bf16...): the size the paper's Fig. 1c and Table 2 count."""
+
+    @property
+    @abstractmethod
+    def expert_storage(self) -> str:
+        """A short description of how the checkpoint stores the experts (e.g. ``mxfp4: 4-bit e2m1 weights +
+        one e8m0 byte scale per 32 weights``)."""
 
     @property
     def eos_token_ids(self) -> list[int]:

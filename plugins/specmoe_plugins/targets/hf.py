@@ -20,11 +20,29 @@ from specmoe.errors import UserError
 from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.target import Target, TargetOutput, TargetParts
+from specmoe.models.expert_bytes import ExpertBytes, expert_bytes
 from specmoe.models.hf_masks import MaskSpec
 
-__all__ = ["HFTarget"]
+__all__ = ["HFTarget", "hf_expert_bytes"]
 
 logger = logging.getLogger(__name__)
+
+
+def hf_expert_bytes(model: Any, checkpoint_config: Any) -> ExpertBytes:
+    """Bytes of one routed expert of a Hugging Face MoE model, loaded and as its checkpoint stores them.
+
+    The loaded size comes from the first MoE layer's experts module as loaded; the stored size from an
+    unquantized copy of that layer built on the meta device from ``checkpoint_config`` (the checkpoint's own
+    ``config.json``, with its ``quantization_config``), so that it does not depend on how the model was loaded.
+    """
+    layers = model.model.layers
+    idx = next(i for i, layer in enumerate(layers) if hasattr(getattr(layer, "mlp", None), "experts"))
+    loaded = layers[idx].mlp.experts
+    with torch.device("meta"):
+        plain = type(layers[idx])(checkpoint_config, idx).mlp.experts
+    num = int(getattr(plain, "num_experts", 0) or plain.gate_up_proj.shape[0])
+    return expert_bytes(plain, loaded, num, checkpoint_config, f"model.layers.{idx}.mlp.experts")
+
 
 class HFTarget(Target):
     """A Hugging Face MoE causal LM."""
@@ -60,6 +78,7 @@ class HFTarget(Target):
         self.tokenizer: Any = None
         self._capture: list[torch.Tensor] | None = None
         self._hooks: list[Any] = []
+        self._checkpoint_config: Any = None
         self.load()
 
     # ------------------------------------------------------------------ loading
@@ -102,6 +121,7 @@ class HFTarget(Target):
         except (OSError, ValueError) as exc:
             where = Path(path) / "config.json" if Path(path).is_dir() else path
             raise UserError(f"target: cannot read {where}: {str(exc).splitlines()[0]}; {fix}") from exc
+        self._checkpoint_config = hf_cfg  # as stored (quantization_config), whatever the load does
         kwargs: dict[str, Any] = dict(dtype=dtype, attn_implementation=cfg.attn_implementation or "eager",
                                       revision=cfg.revision, local_files_only=cfg.local_files_only)
         qcfg = getattr(hf_cfg, "quantization_config", None)
@@ -156,9 +176,7 @@ class HFTarget(Target):
         self._num_experts = int(first.experts.num_experts if hasattr(first.experts, "num_experts")
                                 else first.experts.gate_up_proj.shape[0])
         self._top_k = int(getattr(c, "num_experts_per_tok", None) or first.router.top_k)
-        ex = first.experts
-        n_params = sum(p.numel() for p in ex.parameters())
-        self._bytes_per_expert = int(n_params // self._num_experts * ex.gate_up_proj.element_size())
+        self._expert_bytes = hf_expert_bytes(self.model, self._checkpoint_config or c)
         self._masks = MaskSpec(c)
         for ex_mod in self._experts:
             self._hooks.append(ex_mod.register_forward_pre_hook(self._routing_hook))
@@ -212,7 +230,15 @@ class HFTarget(Target):
 
     @property
     def bytes_per_expert(self) -> int:
-        return self._bytes_per_expert
+        return self._expert_bytes.loaded
+
+    @property
+    def bytes_per_expert_stored(self) -> int:
+        return self._expert_bytes.stored
+
+    @property
+    def expert_storage(self) -> str:
+        return self._expert_bytes.storage
 
     @property
     def eos_token_ids(self) -> list[int]:
