@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
-__all__ = ["UserError", "MissingExtraError", "require"]
+__all__ = ["UserError", "MissingExtraError", "StageIncomplete", "require"]
 
 
 class UserError(Exception):
     """Bad input or a missing resource: the message says what, where, and how to fix it."""
+
+
+class StageIncomplete(UserError):
+    """A stage stopped before its budget (e.g. by a wall-clock guard): it is not done, and a rerun resumes
+    it from its checkpoint."""
 
 
 class MissingExtraError(UserError, ImportError):

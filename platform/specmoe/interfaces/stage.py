@@ -51,6 +51,13 @@ class Stage(Plugin, ABC):
     #: the other ranks wait for their result.
     distributed: ClassVar[bool] = False
 
+    @classmethod
+    def key_facts(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Facts of this machine that change what the stage computes from ``options`` (e.g. the precision a
+        training stage's ``precision: auto`` resolves to); the runner hashes them into the cache key and
+        writes them into the summary. Default: none."""
+        return {}
+
     @abstractmethod
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         """Do the work; return a small JSON-able summary (also stored in ``out_dir/summary.json``)."""

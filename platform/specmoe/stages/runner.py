@@ -64,7 +64,7 @@ def _refs(node: Any) -> set[str]:
 
 
 #: options that change how a stage reports progress, not what it computes: left out of the cache key.
-DISPLAY_ONLY_OPTIONS = frozenset({"enable_progress_bar"})
+DISPLAY_ONLY_OPTIONS = frozenset({"enable_progress_bar", "max_time", "num_threads"})
 
 
 def _key_view(node: Any) -> Any:
@@ -102,6 +102,7 @@ class StageRunner:
         self.source = source
         self.order = self._toposort()
         self.keys: dict[str, str] = {}
+        self.facts: dict[str, dict[str, Any]] = {}
         for sid in self.order:
             self.keys[sid] = self._key(self.specs[sid])
 
@@ -129,8 +130,9 @@ class StageRunner:
     def _key(self, spec: StageSpec) -> str:
         cls = spec.component.plugin_class()
         opts = _key_view(substitute_refs(spec.component.options, lambda ref: f"stage-key:{self.keys[ref]}"))
-        blob = json.dumps({"name": spec.component.name, "version": getattr(cls, "version", "1"), "options": opts},
-                          sort_keys=True, default=str)
+        facts = self.facts[spec.id] = cls.key_facts(spec.component.options)
+        blob = json.dumps({"name": spec.component.name, "version": getattr(cls, "version", "1"), "options": opts,
+                           **({"facts": facts} if facts else {})}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def out_dir(self, sid: str) -> Path:
@@ -181,6 +183,7 @@ class StageRunner:
             finally:  # a training stage may have lowered torch's thread count: later work gets it back
                 _torch_threads(threads)
             summary.setdefault("seconds", round(time.perf_counter() - t0, 2))
+            summary.update(self.facts[sid])
             if rank != 0:  # distributed stage: rank 0 writes the result
                 summaries[sid] = {**summary, "cached": False, "dir": str(out)}
                 self._wait_for(sid)

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
-from specmoe.training.trainer import TrainerOptions
+from specmoe.training.trainer import TrainerOptions, trainer_key_facts
 
 __all__ = ["DraftTrainConfig", "TrainEagle3", "last_metrics", "make_loader", "trainer_options"]
 
@@ -116,6 +116,7 @@ class TrainEagle3(Stage):
 
     description = "train an EAGLE-3 draft (TTT, online target features), export in EAGLE-3 format"
     version = "1"
+    key_facts = classmethod(trainer_key_facts)  # resolved precision in the cache key
     distributed = True  # Lightning DDP under torchrun / SLURM: every rank trains, rank 0 exports
 
     @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
+from specmoe.training.trainer import trainer_key_facts
 from specmoe_plugins.stages.train_eagle3 import (
     DraftTrainConfig,
     _target_on,
@@ -34,6 +35,7 @@ class TrainGTO(Stage):
 
     description = "GTO fine-tuning of an EAGLE-3 draft (tree reward, group advantages, PPO-clip)"
     version = "1"
+    key_facts = classmethod(trainer_key_facts)  # resolved precision in the cache key
     distributed = True  # Lightning DDP under torchrun / SLURM: every rank trains, rank 0 exports
 
     @dataclass
