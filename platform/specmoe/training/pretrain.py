@@ -24,11 +24,16 @@ from specmoe.training.router_balance import (
     ExpertCounter,
     balance_stats,
     check_router_collapse,
+    router_bias,
     router_losses,
 )
 
-__all__ = ["PretrainLM", "build_hf_config", "num_experts_of", "evaluate_blocks", "TRAIN_EXPERTS",
-           "sorted_loop_experts_forward"]
+__all__ = ["PretrainLM", "DEFAULT_BALANCE_RATE", "build_hf_config", "num_experts_of", "evaluate_blocks",
+           "TRAIN_EXPERTS", "sorted_loop_experts_forward"]
+
+#: router-bias step of the auxiliary-loss-free balancing when ``balance_rate`` is ``None`` (per optimizer step;
+#: DeepSeek-V3 used 0.001 over far more steps)
+DEFAULT_BALANCE_RATE = 0.01
 
 #: name under which :func:`sorted_loop_experts_forward` is registered in transformers' ``ExpertsInterface``
 TRAIN_EXPERTS = "specmoe_sorted_loop"
@@ -153,7 +158,8 @@ class PretrainLM(L.LightningModule):
         betas: AdamW betas.
         router_z_loss_coef: weight of the router z-loss (ST-MoE; 0: off).
         balance_rate: bias update per optimizer step of the auxiliary-loss-free balancing (0: off); the
-            router biases then leave gradient descent.
+            router biases then leave gradient descent. ``None``: :data:`DEFAULT_BALANCE_RATE` where every MoE
+            layer's router has a bias (GPT-OSS, DeepSeek-V3), else 0 (Qwen3-MoE: the aux loss only).
         collapse_fraction, max_dead_fraction: collapse limits (see ``check_router_collapse``).
         fail_on_collapse: raise at the end of every validation (not the sanity check) when a layer collapsed.
         experts_implementation: HF experts kernel for training; default :data:`TRAIN_EXPERTS` on CPU, HF's
@@ -162,7 +168,8 @@ class PretrainLM(L.LightningModule):
 
     def __init__(self, model_config: dict[str, Any], *, lr: float = 2e-3, weight_decay: float = 0.1,
                  warmup_steps: int = 20, min_lr_ratio: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
-                 router_z_loss_coef: float = 0.0, balance_rate: float = 0.0, collapse_fraction: float = 0.5,
+                 router_z_loss_coef: float = 0.0, balance_rate: Optional[float] = 0.0,
+                 collapse_fraction: float = 0.5,
                  max_dead_fraction: float = 1.0, fail_on_collapse: bool = True,
                  experts_implementation: Optional[str] = None) -> None:
         super().__init__()
@@ -175,6 +182,11 @@ class PretrainLM(L.LightningModule):
         self.top_k = int(self.hf_config.num_experts_per_tok)
         n_exp = num_experts_of(self.hf_config)
         self.counter = ExpertCounter(self.model, n_exp)  # validation load
+        if balance_rate is None:
+            layers = self.model.model.layers
+            has_bias = all(router_bias(layers[i].mlp) is not None for i in self.counter.layer_ids)
+            balance_rate = DEFAULT_BALANCE_RATE if has_bias else 0.0
+        self.balance_rate = float(balance_rate)
         self.balancer = BiasBalancer(self.model, balance_rate) if balance_rate > 0 else None
         self.step_counter = ExpertCounter(self.model, n_exp) if self.balancer is not None else None
         self.last_balance: list[dict[str, float]] = []

@@ -47,7 +47,7 @@ DEFAULT_MODELS: dict[str, dict[str, Any]] = {
 def _default_trainer() -> TrainerOptions:
     # the step budget sets the length (and the cosine schedule): the same on every machine. precision auto:
     # bf16-mixed where bf16 is native (weights and export stay fp32), fp32 elsewhere.
-    return TrainerOptions(max_epochs=-1, max_steps=800, val_check_interval=50, check_val_every_n_epoch=None,
+    return TrainerOptions(max_epochs=-1, max_steps=200, val_check_interval=50, check_val_every_n_epoch=None,
                           log_every_n_steps=10, gradient_clip_val=1.0, enable_progress_bar=True)
 
 
@@ -82,20 +82,22 @@ class PretrainTarget(Stage):
         min_lr_ratio: float = 0.1
         trainer: TrainerOptions = field(default_factory=_default_trainer)
         """Lightning Trainer options; ``max_steps`` is the training length and the schedule's. Defaults:
-        ``max_steps: 800, max_epochs: -1, val_check_interval: 50, check_val_every_n_epoch: null,
+        ``max_steps: 200, max_epochs: -1, val_check_interval: 50, check_val_every_n_epoch: null,
         gradient_clip_val: 1.0, precision: auto, log_every_n_steps: 10``; a recipe's partial ``trainer:``
         mapping keeps the others. ``max_time`` is an opt-in guard: a stage it stops is not complete."""
         seed: int = 0
         router_z_loss_coef: float = 0.0
         """router z-loss weight (ST-MoE); the load-balancing loss weight is the model's
         ``router_aux_loss_coef``."""
-        balance_rate: float = 0.0
-        """auxiliary-loss-free balancing (DeepSeek-V3): router-bias update per optimizer step (0: off)."""
+        balance_rate: Optional[float] = None
+        """auxiliary-loss-free balancing (DeepSeek-V3): router-bias update per optimizer step (0: off;
+        null: ``specmoe.training.pretrain.DEFAULT_BALANCE_RATE`` where the router has a bias, GPT-OSS and
+        DeepSeek-V3, else 0)."""
         checkpoint_every_n_steps: int = 50
         collapse_fraction: float = 0.5
         """router-collapse limit on the share of each layer's top-k busiest experts, checked at every
         validation and on the test text (see ``specmoe.training.router_balance.check_router_collapse``)."""
-        max_dead_fraction: float = 1.0
+        max_dead_fraction: float = 0.25
         """router-collapse limit on the share of experts without any token (1: not checked)."""
         test: Optional[TextSource] = field(
             default_factory=lambda: TextSource(path="gsm8k/test.jsonl", limit=200))
@@ -156,7 +158,7 @@ class PretrainTarget(Stage):
             complete=True, arch=cfg.arch, steps=steps, train_time_s=round(train_s, 1),
             train_tokens=steps * cfg.batch_size * cfg.block_size * topts.accumulate_grad_batches * world,
             corpus_train_tokens=int(data.train_tokens), corpus_val_tokens=int(data.val_tokens),
-            precision=str(trainer.precision), threads=torch.get_num_threads(),
+            precision=str(trainer.precision), threads=torch.get_num_threads(), balance_rate=module.balance_rate,
             seconds_per_step=round(train_s / max(1, steps - module.start_step), 3),
             **self._model_facts(module.model))
         del module, trainer
