@@ -46,7 +46,7 @@ def _stage(max_steps: int):
 
     trainer = TrainerOptions(max_epochs=-1, max_steps=max_steps, val_check_interval=2,
                              check_val_every_n_epoch=None, log_every_n_steps=1, enable_progress_bar=False,
-                             num_threads=1)
+                             num_threads=1, precision="32-true")  # the same on every CPU
     return PretrainTarget(model=dict(SMALL), vocab_size=320, block_size=64, batch_size=4, docs_per_context=3,
                           val_fraction=0.1, trainer=trainer, lr=1e-3, warmup_steps=1,
                           checkpoint_every_n_steps=2, test=TextSource(path="gsm8k/test.jsonl", limit=4),
@@ -205,6 +205,8 @@ def test_stage_logs_a_nested_mlflow_run(tmp_path):
     assert child.data.tags["mlflow.parentRunId"] == parent and child.info.status == "FINISHED"
     assert child.data.metrics["test_perplexity"] == pytest.approx(summary["test_perplexity"])
     assert "train/loss" in child.data.metrics and "balance/layer0/top_k_share" in child.data.metrics
+    assert child.data.params["trainer.precision"] == summary["precision"] == "32-true"  # resolved, not "auto"
+    assert child.data.params["trainer.num_threads"] == "1"
     assert [a.path for a in client.list_artifacts(child.info.run_id)] == ["summary.json"]
 
 
