@@ -170,6 +170,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from specmoe.bench import roofline
+    from specmoe.bench.breakdown import verify_breakdown
     from specmoe.decoding.ar import ar_generate
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.decoding.stopping import StopRule
@@ -245,9 +246,11 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     r["prune_us"] = {c: 1e6 * roofline.prune_cost(target, c, clock=clock)
                      for c in (int(x) for x in args.prune_contexts.split(",") if x)}
 
-    # ---- the verification pass with every experts implementation
+    # ---- the verification pass with every experts implementation, and where the pass spends its time
     r["verifiers"] = verifier_times(target, args, clock, slot_bytes, dense, bw)
     verifiers.get(args.verifier)().install(target)
+    r["breakdown"] = verify_breakdown(target, context=args.prompt_len, tokens=args.budget,
+                                      repeats=5 * args.repeats, clock=clock)
     return r
 
 
@@ -327,6 +330,12 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
                     for k, v in r["verifiers"].items())
     lines.append(f"verification pass by experts implementation ({args.budget} tokens, {args.prompt_len} cached): "
                  + ver)
+    b = r["breakdown"]
+    lines.append(f"verification pass, cold caches ({args.verifier}): {b['total_ms']:.2f} ms = experts "
+                 f"{b['experts_ms']:.2f} ms ({b['experts_mb']:.1f} MB, {b['experts_gb_s']:.1f} GB/s) + linear layers "
+                 f"{b['linear_ms']:.2f} ms ({b['linear_mb']:.1f} MB, {b['linear_gb_s']:.1f} GB/s) + attention "
+                 f"{b['attention_ms']:.2f} ms (KV {b['kv_mb']:.1f} MB) + routers {b['router_ms']:.2f} ms + the rest "
+                 f"(norms, rotary, masks, module calls) {b['other_ms']:.2f} ms")
     return "\n".join(lines)
 
 

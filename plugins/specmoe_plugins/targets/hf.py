@@ -27,7 +27,7 @@ from specmoe.errors import UserError
 from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.target import Target, TargetOutput, TargetParts
-from specmoe.models import attention
+from specmoe.models import attention, linear
 from specmoe.models.hf_masks import MaskSpec
 
 __all__ = ["HFTarget"]
@@ -61,6 +61,9 @@ class HFTarget(Target):
         """GPT-OSS MXFP4 checkpoints are dequantized to ``dtype`` on load (the experts hooks need it)."""
         tokenizer: Optional[str] = None
         """tokenizer path or hub id; default: the checkpoint's own (none for tiny models)."""
+        fast_linear: bool = True
+        """route the model's linear layers through :func:`specmoe.models.linear.linear` (on CPUs, 2-8 rows take
+        the faster BLAS orientation; elsewhere ``F.linear``)."""
         cache_dir: str = ".specmoe_cache/tiny_targets"
         local_files_only: bool = False
 
@@ -146,6 +149,8 @@ class HFTarget(Target):
             model.to(cfg.device or "cpu")
         model.eval()
         model.requires_grad_(False)
+        if cfg.fast_linear:
+            linear.install(model)
         self.model = model
         self.path = path
         tok_path = cfg.tokenizer or path

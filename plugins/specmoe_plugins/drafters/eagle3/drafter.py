@@ -23,6 +23,7 @@ from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.tree import DraftTree
+from specmoe.models import linear
 from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model, capture_indices
 from specmoe_plugins.drafters.eagle3.tree import TreeContext, draft_pool
 
@@ -146,6 +147,7 @@ class Eagle3Drafter(Drafter):
         c = model.config  # a loaded draft was checked against the target's embedding (check_target_fit)
         self._layers = capture_indices(c.aux_layer_ids, target.num_hidden_layers)
         self.model = model.requires_grad_(False)
+        linear.install(self.model)  # inference: skinny rows take the faster CPU BLAS route
         self.target = target
 
     def begin(self, batch_size: int) -> Eagle3State:
