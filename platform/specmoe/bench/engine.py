@@ -39,6 +39,7 @@ _PHASES = ("draft", "pred", "select", "verify", "rest")  # "analysis" (after the
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="checkpoint directory (default: the demo architecture, random weights)")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    p.add_argument("--dtype", default="float32", help="target dtype (float32, bfloat16; GPUs: bfloat16)")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
@@ -306,7 +307,8 @@ def verifier_times(target: Any, args: argparse.Namespace, clock: Callable[[], fl
 def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
     c = r["counts"]
     lines = [
-        f"target: {args.target or 'demo architecture (random init)'}  device {r['device']}  threads {r['threads']}  "
+        f"target: {args.target or 'demo architecture (random init)'} ({args.dtype})  device {r['device']}  "
+        f"threads {r['threads']}  "
         f"clock {r['clock']}  prompt {args.prompt_len}  new tokens {args.new_tokens}  repeats {args.repeats}",
         f"read bandwidth {r['read_gb_s']:.1f} GB/s; drafter {args.drafter}, selector {args.selector}, "
         f"verifier {args.verifier}, gamma {args.budget}: {r['steps']} steps, alpha {r['alpha']:.2f}, E {r['E']:.1f}",
@@ -351,8 +353,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("bench engine: --clock thread measures this thread's CPU time: add --threads 1")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     hf = targets.get("hf")
-    target = hf(path=args.target, device=device) if args.target else \
-        hf(tiny=dict(DEMO), cache_dir=args.cache_dir, device=device)
+    target = hf(path=args.target, device=device, dtype=args.dtype) if args.target else \
+        hf(tiny=dict(DEMO), cache_dir=args.cache_dir, device=device, dtype=args.dtype)
     r = measure(target, args)
     print(_report(r, args))
     if args.json:

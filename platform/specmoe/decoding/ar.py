@@ -46,7 +46,8 @@ def ar_generate(target: Target, prompts: Sequence[Sequence[int]], *, temperature
     timer = PhaseClock(dev, clock)
     _sync(dev)
     start = timer.mark()
-    out = target.forward_standard(ids, mask, positions, cache, logits_to_keep=1)
+    padded = len({len(p) for p in prompts}) > 1  # without padding the model needs no 2D mask (cheaper masks)
+    out = target.forward_standard(ids, mask if padded else None, positions, cache, logits_to_keep=1)
     outputs: list[list[int]] = [[] for _ in range(bsz)]
     active = [True] * bsz
     nxt = next_tokens(out.logits[:, -1], temperature, gen, range(bsz))
@@ -62,9 +63,10 @@ def ar_generate(target: Target, prompts: Sequence[Sequence[int]], *, temperature
     while any(active):
         t0 = timer.mark()
         pos = pos + 1
-        mask = torch.cat([mask, ones], dim=1)
+        if padded:
+            mask = torch.cat([mask, ones], dim=1)
         step_ids = torch.tensor(nxt, dtype=torch.long).to(dev, non_blocking=True)[:, None]
-        out = target.forward_standard(step_ids, mask, pos, cache, capture_routing=capture_routing)
+        out = target.forward_standard(step_ids, mask if padded else None, pos, cache, capture_routing=capture_routing)
         t1 = timer.mark()
         rows = [b for b in range(bsz) if active[b]]
         routings.append((out.routing, list(active)))

@@ -10,7 +10,9 @@ and the acceptance (accepted paths, their tokens and the bonus tokens, in one re
 of T > 0 reads per node). Timing marks never synchronise (:class:`~specmoe.decoding.clock.PhaseClock`), and
 the analysis of a step (unique experts, cumulative unions, predictor overlap) is computed from the kept
 routing after the timed region (:meth:`SpeculativeEngine.generate` returns when both are done; ``wall_time``
-ends before the analysis).
+ends before the analysis). A selector that learns online gets a step's outcome at the end of the step from its
+:class:`StepTrace` (timings: ``clock.seconds`` of its marks, free on a CPU, one wait on a GPU; unique experts:
+:func:`experts_per_layer` of its routing; ``kv_slots``).
 """
 
 from __future__ import annotations
@@ -78,11 +80,14 @@ class StepTrace:
     """What a step keeps for its analysis after the timed region (device tensors, no copies).
 
     Attributes:
-        routing: ``[B, W]`` -> ``[B, W, L, K]`` the router's choice in the verification pass.
+        routing: ``[B, W, L, K]`` the router's choice in the verification pass.
         valid: ``[B, W]`` verified nodes (padding and finished rows excluded).
         order: ``[B, W]`` pool index of each verified node.
         experts: ``[B, N, L, E]`` predicted sets of the pool (``None`` without predictions).
         selected: ``[B, N]`` the selection.
+        kv_slots: cached KV slots per row before the verification pass.
+        marks: the step's :class:`~specmoe.decoding.clock.PhaseClock` marks: start, drafted, predicted,
+            selected, verified, end (``clock.seconds(marks[3], marks[4])`` is T_verify).
     """
 
     routing: torch.Tensor
@@ -90,6 +95,8 @@ class StepTrace:
     order: torch.Tensor
     experts: torch.Tensor | None
     selected: torch.Tensor
+    kv_slots: int
+    marks: tuple[int, ...]
 
 
 class SpeculativeEngine:
@@ -198,7 +205,6 @@ class SpeculativeEngine:
         p_state = self.predictor.begin(bsz) if self.predictor is not None else None
         records: list[StepRecord] = []
         traces: list[StepTrace] = []
-        marks: list[tuple[int, ...]] = []
         active_t = torch.tensor(active, device=dev)
         while any(active):
             t0 = clock.mark()
@@ -220,6 +226,7 @@ class SpeculativeEngine:
             order_valid = torch.arange(width, device=dev)[None, :] < sel.sum(dim=1)[:, None]
             vt = tree.subset(order, order_valid)
             base = kv.next_position()
+            kv_slots = kv.num_slots
             vout = target.forward(vt.tokens, kv, base[:, None] + vt.depth, vt.ancestors(), vt.valid,
                                   hidden_layers=feat_layers, capture_routing=True)
             t4 = clock.mark()
@@ -242,24 +249,23 @@ class SpeculativeEngine:
                 active_t = torch.tensor(active, device=dev)
             t5 = clock.mark()
             records.append(StepRecord(accepted=accepted, verified=verified, experts_per_layer=[]))
-            traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel))
-            marks.append((t0, t1, t2, t3, t4, t5))
+            traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel, kv_slots, (t0, t1, t2, t3, t4, t5)))
         clock.sync()
         end = clock.mark()
         wall = clock.seconds(start, end)
         prefill_time = clock.seconds(start, prefill_end)
-        counts_le = self._analyse(records, traces, marks, clock)
+        counts_le = self._analyse(records, traces, clock)
         return Generation(tokens=outputs, steps=records, wall_time=wall, prefill_time=prefill_time,
                           expert_counts=counts_le.tolist())
 
-    def _analyse(self, records: list[StepRecord], traces: list[StepTrace], marks: list[tuple[int, ...]],
-                 clock: PhaseClock) -> torch.Tensor:
+    def _analyse(self, records: list[StepRecord], traces: list[StepTrace], clock: PhaseClock) -> torch.Tensor:
         """Fill the records' timings and analysis fields (after the timed region); returns the ``[L, E]``
         activation counts of the verified tokens."""
         target = self.target
         n_exp = target.num_experts
         counts_le = torch.zeros(target.num_moe_layers, n_exp, dtype=torch.long, device=target.device)
-        for rec, tr, (t0, t1, t2, t3, t4, t5) in zip(records, traces, marks):
+        for rec, tr in zip(records, traces):
+            t0, t1, t2, t3, t4, t5 = tr.marks
             rec.t_draft, rec.t_pred, rec.t_select = clock.seconds(t0, t1), clock.seconds(t1, t2), clock.seconds(t2, t3)
             rec.t_verify, rec.t_total = clock.seconds(t3, t4), clock.seconds(t0, t5)
             counts = tr.valid.sum(dim=1).tolist()

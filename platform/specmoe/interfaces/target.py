@@ -165,7 +165,7 @@ class Target(Plugin, ABC):
         """A cache for :meth:`forward_standard` (the model's own, e.g. with sliding-window layers)."""
 
     @abstractmethod
-    def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+    def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
                          cache: Any = None, *, hidden_layers: Sequence[int] = (), capture_routing: bool = False,
                          compute_logits: bool = True, logits_to_keep: int = 0) -> TargetOutput:
         """The model's own causal forward path (no custom masks): the autoregressive reference, and the
@@ -173,7 +173,8 @@ class Target(Plugin, ABC):
 
         Args:
             input_ids: ``[B, N]`` int64 new tokens.
-            attention_mask: ``[B, S + N]`` 2D padding mask (1 = real token) over cached and new tokens.
+            attention_mask: ``[B, S + N]`` 2D padding mask (1 = real token) over cached and new tokens; ``None``:
+                no padding.
             positions: ``[B, N]`` absolute positions.
             cache: from :meth:`new_standard_cache`, updated in place; ``None``: no cache (one whole pass).
             hidden_layers: as in :meth:`forward`.

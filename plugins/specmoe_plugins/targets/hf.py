@@ -200,7 +200,9 @@ class HFTarget(Target):
 
     def _home(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` on :attr:`device` (a no-op for a model on one device)."""
-        return t if t.device == self._device else t.to(self._device, non_blocking=True)
+        if t.device == self._device:
+            return t
+        return t.to(self._device, non_blocking=self._device.type == "cuda")  # a host copy must be complete
 
     def _routing(self, b: int, n: int) -> torch.Tensor:
         """``[B, N, L, K]`` from the per-layer captures (each on its layer's device), on :attr:`device`."""
@@ -284,9 +286,6 @@ class HFTarget(Target):
             self.model.to(device)
             self._device = self.model.get_input_embeddings().weight.device
 
-    def new_kv(self, batch_size: int, capacity: int = 0) -> KVState:
-        return KVState(batch_size, self.device, capacity)
-
     def parts(self) -> TargetParts:
         model, base = self.model, self.model.model
         cls = type(model)
@@ -337,7 +336,7 @@ class HFTarget(Target):
         return DynamicCache(config=self.model.config)
 
     @torch.no_grad()
-    def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+    def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
                          cache: Any = None, *, hidden_layers: Sequence[int] = (), capture_routing: bool = False,
                          compute_logits: bool = True, logits_to_keep: int = 0) -> TargetOutput:
         b, n = input_ids.shape
