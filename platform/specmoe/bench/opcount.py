@@ -41,12 +41,15 @@ class OpCounts:
     by_phase_ops: Counter = field(default_factory=Counter)
     by_phase_syncs: Counter = field(default_factory=Counter)
     phase: str = ""
+    reading: bool = False  # inside a counted host read (its own device-to-host copy is not counted again)
 
     def op(self, name: str) -> None:
         self.ops[name] += 1
         self.by_phase_ops[(self.phase, name)] += 1
 
     def sync(self, name: str) -> None:
+        if self.reading:
+            return
         self.syncs[name] += 1
         self.by_phase_syncs[(self.phase, name)] += 1
 
@@ -93,9 +96,14 @@ class _Function(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in _HOST_READS:
-            self.counts.sync(name)
-        return func(*args, **(kwargs or {}))
+        if name not in _HOST_READS or self.counts.reading:
+            return func(*args, **(kwargs or {}))
+        self.counts.sync(name)
+        self.counts.reading = True
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.counts.reading = False
 
 
 @contextmanager
