@@ -195,8 +195,8 @@ class HFTarget(Target):
         return sorted({int(i) for i in ids})
 
     def _routing_hook(self, module: Any, args: tuple) -> None:
-        if self._capture is not None:
-            self._capture.append(args[1].detach())
+        if self._capture is not None:  # forward passes run without autograd: no detach needed
+            self._capture.append(args[1])
 
     def _home(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` on :attr:`device` (a no-op for a model on one device)."""
