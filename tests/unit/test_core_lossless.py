@@ -18,8 +18,11 @@ from specmoe.registry import drafters, predictors, selectors
 
 MAX_NEW = 18
 #: goodput with fixed costs where a verified token is cheap next to a step, so it verifies deep paths as the other
-#: selectors do (its uncalibrated prior prices tokens as on the CPU demo and often verifies the root alone)
-SELECTOR_OPTIONS = {"goodput": {"coefficients": {"fixed": 5e-3, "tokens": 1e-6, "expert_layers": 1e-6}}}
+#: selectors do (its uncalibrated prior prices tokens as on the CPU demo and often verifies the root alone); no
+#: online refit and no AR floor here: a self-drafting target costs a target pass per draft level, so measured
+#: costs would rightly send it to AR steps (tests/unit/test_ar_floor.py covers the switching)
+SELECTOR_OPTIONS = {"goodput": {"coefficients": {"fixed": 5e-3, "tokens": 1e-6, "expert_layers": 1e-6},
+                                "online": False, "ar_floor": False}}
 
 
 def _setup(target, drafter_opts):

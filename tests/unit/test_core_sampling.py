@@ -207,12 +207,18 @@ def _exact_distribution(target, prompt, horizon):
     return probs
 
 
-#: goodput with fixed costs (the engine does not feed its models yet). Its decision is joint over the 500 rows
-#: of a batch, so extra tokens must be cheap against the fixed cost for it to verify trees at all
-GOODPUT = {"coefficients": {"fixed": 5e-3, "tokens": 1e-6, "expert_layers": 1e-6}}
+#: goodput with fixed costs (no online refit, no AR floor). Its decision is joint over the 500 rows of a batch, so
+#: extra tokens must be cheap against the fixed cost for it to verify trees at all
+GOODPUT = {"coefficients": {"fixed": 5e-3, "tokens": 1e-6, "expert_layers": 1e-6}, "online": False,
+           "ar_floor": False}
+#: goodput learning online under an AR floor forced to fall back after every speculative step (wait 1, then 2
+#: steps): generations mix AR and speculative steps, and a generation may start with AR steps (the floor's
+#: state carries over from the previous generation)
+OPTIONS = {"goodput": GOODPUT, "goodput_floor": {**GOODPUT, "online": True, "ar_floor": True, "floor_margin": 1e9,
+                                                 "probe_after": 1, "probe_max": 2}}
 
 
-@pytest.mark.parametrize("selector", ["confidence", "ecospec", "goodput"])
+@pytest.mark.parametrize("selector", ["confidence", "ecospec", "goodput", "goodput_floor"])
 def test_speculative_sampling_chi_square(small_vocab_target, selector, tmp_path):
     from specmoe.registry import predictors
 
@@ -224,19 +230,22 @@ def test_speculative_sampling_chi_square(small_vocab_target, selector, tmp_path)
     drafter.setup(target)
     pred = predictors.get("router_on_embedding")()
     pred.setup(target)
-    engine = SpeculativeEngine(target, drafter, selectors.get(selector)(**(GOODPUT if selector == "goodput" else {})),
+    engine = SpeculativeEngine(target, drafter, selectors.get(selector.split("_")[0])(**OPTIONS.get(selector, {})),
                                pred)
     counts: dict = {}
-    multi = 0
+    multi = ar_steps = ar_first = 0
     for r in range(reps):
         out = engine.generate([prompt] * rows, budget=4, steps=3, top_k=2, temperature=1.0,
                               stop=StopRule(horizon), seed=100 + r)
         multi += sum(a > 1 for s in out.steps for a in s.accepted)
+        ar_steps += sum(not s.speculative for s in out.steps)
+        ar_first += not out.steps[0].speculative
         for t in out.tokens:
             counts[tuple(t)] = counts.get(tuple(t), 0) + 1
     n = rows * reps
     stat, p = chi2_test(counts, exact, n)
     assert multi > 0, "some steps must accept draft tokens"
+    assert (ar_steps > 0) == (ar_first > 0) == (selector == "goodput_floor"), (ar_steps, ar_first)
     assert p > 1e-3, f"chi2={stat:.1f} p={p:.2e}: SD samples do not follow the target distribution"
 
 

@@ -87,6 +87,10 @@ class AcceptanceModel:
         self._win: dict[float, _Window] = {}
         self._since: dict[float, int] = {}
 
+    def temperatures(self) -> list[float]:
+        """Temperature keys with outcomes or fitted weights."""
+        return sorted(set(self._win) | set(self.weights))
+
     def weights_for(self, temperature: float) -> np.ndarray:
         """``[3]`` (bias, logit P(path), depth) weights used at ``temperature``."""
         return self.weights.get(temperature_key(temperature), _PRIOR)

@@ -24,18 +24,20 @@ import torch
 
 from specmoe.decoding.acceptance import accept, greedy_paths, target_probs
 from specmoe.decoding.analysis import experts_per_layer, prediction_overlap, routing_stats
+from specmoe.decoding.ar_floor import ARFloor
 from specmoe.decoding.clock import PhaseClock
 from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
 from specmoe.decoding.tree_builder import pool_size
 from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.predictor import Predictor
+from specmoe.interfaces.selection import AdaptiveSelector, SelectionContext, StepOutcome
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.target import Target
 from specmoe.interfaces.tree import DraftTree, is_ancestor_closed
 
 __all__ = ["SpeculativeEngine", "SelectorError", "experts_per_layer", "pad_rows", "first_token",
-           "routing_stats", "prediction_overlap", "StepTrace"]
+           "routing_stats", "prediction_overlap", "StepTrace", "merge_committed"]
 
 
 class SelectorError(RuntimeError):
@@ -68,6 +70,27 @@ def next_tokens(logits: torch.Tensor, temperature: float, generator: torch.Gener
         best = logits.argmax(dim=-1).tolist()
         return [best[b] for b in rows]
     return [first_token(logits[b], temperature, generator) for b in rows]
+
+
+def merge_committed(blocks: Sequence[Committed]) -> Committed:
+    """One :class:`Committed` of consecutive blocks: per row, the valid entries of each block in order (each
+    block's valid entries are a prefix of its row, as :func:`pad_rows` makes them). One host read for several
+    blocks, none for one."""
+    if len(blocks) == 1:
+        return blocks[0]
+    dev = blocks[0].tokens.device
+    counts = torch.stack([c.valid.sum(dim=1) for c in blocks], dim=1).tolist()  # [B, blocks]
+    offsets = [0]
+    for c in blocks[:-1]:
+        offsets.append(offsets[-1] + c.tokens.shape[1])
+    idx, valid = pad_rows([[o + j for o, n in zip(offsets, row) for j in range(n)] for row in counts], dev)
+    cat = lambda ts: torch.cat(ts, dim=1).gather(  # noqa: E731
+        1, idx.view(*idx.shape, *[1] * (ts[0].dim() - 2)).expand(*idx.shape, *ts[0].shape[2:]))
+    feats = None
+    if blocks[0].features is not None:
+        feats = cat([c.features for c in blocks]) * valid[:, :, None].to(blocks[0].features.dtype)
+    return Committed(cat([c.tokens for c in blocks]) * valid, valid, cat([c.positions for c in blocks]), feats,
+                     first=blocks[0].first)
 
 
 def _sync(device: torch.device) -> None:
@@ -109,10 +132,19 @@ class SpeculativeEngine:
         predictor: expert-set predictor (needed when ``selector.needs_experts``).
         clock: host clock for the phase timings on non-CUDA devices (default ``time.perf_counter``; a shared CPU
             machine may prefer ``time.thread_time``).
+        ar_floor: the AR floor policy (default: the one an adaptive selector asks for in ``ar_floor``, else none).
+
+    With an :class:`~specmoe.interfaces.selection.AdaptiveSelector` every speculative step calls ``plan`` with
+    the step's measured draft and prediction seconds, and every step (AR steps too) ends with ``observe``. Under
+    an AR floor (:mod:`specmoe.decoding.ar_floor`) some steps are plain AR steps: each active row's root alone
+    in one target pass, no drafting, prediction or selection; the tokens they commit, with the hidden states of
+    that pass as their features, are handed to the drafter and predictor at the next speculative step (one
+    :class:`Committed` of all of them, exactly what they would have absorbed step by step).
     """
 
     def __init__(self, target: Target, drafter: Drafter, selector: Selector,
-                 predictor: Predictor | None = None, clock: Callable[[], float] | None = None) -> None:
+                 predictor: Predictor | None = None, clock: Callable[[], float] | None = None,
+                 ar_floor: ARFloor | None = None) -> None:
         if selector.needs_experts and predictor is None:
             raise ValueError(f"selector {type(selector).__name__} needs expert predictions: give a predictor")
         self.target = target
@@ -120,10 +152,19 @@ class SpeculativeEngine:
         self.selector = selector
         self.predictor = predictor
         self.clock = clock
+        self.adaptive = isinstance(selector, AdaptiveSelector)
+        opts = selector.ar_floor if self.adaptive else None
+        if ar_floor is None and opts is not None:
+            ar_floor = ARFloor(opts.margin, opts.probe_after, opts.probe_max)
+        if ar_floor is not None and not self.adaptive:
+            raise ValueError(f"an AR floor needs an adaptive selector (one with plan/observe); "
+                             f"{type(selector).__name__} is not")
+        self.floor = ar_floor
 
     # ------------------------------------------------------------------ helpers
-    def _selection_width(self, tree: DraftTree, sel: torch.Tensor, budget: int) -> int:
-        """The longest row's selected nodes, after checking the selector's contract (one host read)."""
+    def _selection_width(self, tree: DraftTree, sel: torch.Tensor, budget: int) -> tuple[int, int]:
+        """The longest row's selected nodes and the selected nodes of all rows, after checking the selector's
+        contract (one host read)."""
         name = type(self.selector).__name__
         if sel.shape != tree.tokens.shape or sel.dtype != torch.bool:
             raise SelectorError(f"selector {name} returned {tuple(sel.shape)} {sel.dtype}; expected "
@@ -131,8 +172,9 @@ class SpeculativeEngine:
         counts = sel.sum(dim=1)
         active = tree.valid[:, 0]
         flags = torch.stack([counts.max(), (sel & ~tree.valid).any(),
-                             (~is_ancestor_closed(tree.parents, sel) & active).any(), (counts > budget).any()])
-        width, padding, open_, over = flags.tolist()
+                             (~is_ancestor_closed(tree.parents, sel) & active).any(), (counts > budget).any(),
+                             counts.sum()])
+        width, padding, open_, over, total = flags.tolist()
         if padding:
             raise SelectorError(f"selector {name} selected padding (invalid) nodes")
         if open_:
@@ -140,7 +182,7 @@ class SpeculativeEngine:
                                 f"the root (every selected node's parent must be selected)")
         if over:
             raise SelectorError(f"selector {name} selected more than budget={budget} nodes")
-        return max(int(width), 1)
+        return max(int(width), 1), int(total)
 
     @staticmethod
     def _accept(vt: DraftTree, logits: torch.Tensor, temperature: float, gen: torch.Generator,
@@ -197,8 +239,10 @@ class SpeculativeEngine:
             h = out.hidden  # [B, m, F]; token i's feature is the hidden state at position i - 1
             feats = torch.zeros(bsz, c_ids.shape[1], h.shape[-1], dtype=h.dtype, device=dev)
             feats[:, 1:m + 1] = h
-        committed = Committed(c_ids, c_valid, torch.arange(c_ids.shape[1], device=dev).expand_as(c_ids),
-                              feats, first=True)
+        # committed blocks the drafter (and predictor) have not absorbed yet: AR steps add one each
+        pending = [Committed(c_ids, c_valid, torch.arange(c_ids.shape[1], device=dev).expand_as(c_ids),
+                             feats, first=True)]
+        last_tok = list(roots)  # each row's last committed token (the next step's root)
         prefill_end = clock.mark()
 
         d_state = self.drafter.begin(bsz)
@@ -206,8 +250,41 @@ class SpeculativeEngine:
         records: list[StepRecord] = []
         traces: list[StepTrace] = []
         active_t = torch.tensor(active, device=dev)
+        floor = self.floor
+        if floor is not None:
+            floor.begin(bsz, temperature)
         while any(active):
+            rows = [b for b in range(bsz) if active[b]]
             t0 = clock.mark()
+            if floor is not None and not floor.speculate():
+                # ---- AR step: the roots alone, one target pass; their features feed the drafter later
+                base, kv_slots = kv.next_position(), kv.num_slots
+                sel_ar = active_t[:, None]  # [B, 1] the rows verified in this pass
+                vout = target.forward(torch.tensor(last_tok, device=dev)[:, None], kv, base[:, None],
+                                      torch.ones(bsz, 1, 1, dtype=torch.bool, device=dev), sel_ar,
+                                      hidden_layers=feat_layers, capture_routing=True)
+                t4 = clock.mark()
+                paths = [[0] if active[b] else [] for b in range(bsz)]
+                new_rows: list[list[int]] = [[] for _ in range(bsz)]
+                for b, tok in zip(rows, next_tokens(vout.logits[:, 0], temperature, gen, rows)):
+                    new_rows[b] = [tok]
+                kv.keep_last(1, paths)
+                accepted = self._extend(outputs, active, new_rows, rows, stop, last_tok)
+                pending.append(self._committed(new_rows, paths, vout.hidden, base, dev))
+                if not all(active[b] for b in rows):
+                    active_t = torch.tensor(active, device=dev)
+                if self.adaptive:
+                    self.selector.observe(StepOutcome(
+                        rows=bsz, tokens=len(rows), width=1, kv_slots=kv_slots, temperature=temperature,
+                        experts_per_layer=experts_per_layer(vout.routing, sel_ar, target.num_experts),
+                        t_verify=clock.seconds(t0, t4), speculative=False))
+                t5 = clock.mark()
+                floor.observe_ar(len(rows), clock.seconds(t0, t5))
+                records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[], speculative=False))
+                traces.append(StepTrace(vout.routing, sel_ar, torch.zeros(bsz, 1, dtype=torch.long, device=dev),
+                                        None, sel_ar, kv_slots, (t0, t0, t0, t0, t4, t5)))
+                continue
+            committed = merge_committed(pending)
             tree = self.drafter.draft(d_state, committed, steps, top_k)
             tree.valid = tree.valid & active_t[:, None]
             t1 = clock.mark()
@@ -217,8 +294,17 @@ class SpeculativeEngine:
                 if self.selector.needs_experts:
                     experts = self.predictor.predict(p_state, tree)
             t2 = clock.mark()
-            sel = self.selector.select(tree, budget, experts, buffer) & active_t[:, None]
-            width = self._selection_width(tree, sel, budget)
+            plan = None
+            if self.adaptive:
+                ctx = SelectionContext(temperature=temperature, kv_slots=kv.num_slots,
+                                       t_draft=clock.seconds(t0, t1), t_pred=clock.seconds(t1, t2))
+                plan = self.selector.plan(tree, budget, experts, buffer, ctx)
+                sel = plan.selected & active_t[:, None]
+            else:
+                sel = self.selector.select(tree, budget, experts, buffer) & active_t[:, None]
+            width, n_verified = self._selection_width(tree, sel, budget)
+            if floor is not None:
+                floor.decide(float(plan.expected_tokens.sum()), plan.t_step, len(rows), plan.ar_rate)
             t3 = clock.mark()
 
             # ---- verify the selected nodes in one target pass
@@ -232,23 +318,23 @@ class SpeculativeEngine:
             t4 = clock.mark()
 
             # ---- accept, prune caches, stop rules
-            rows = [b for b in range(bsz) if active[b]]
             acc = self._accept(vt, vout.logits, temperature, gen, rows)
-            paths: list[list[int]] = [[] for _ in range(bsz)]
-            new_rows: list[list[int]] = [[] for _ in range(bsz)]
-            accepted, verified = [], []
+            paths = [[] for _ in range(bsz)]
+            new_rows = [[] for _ in range(bsz)]
             for b in rows:
                 paths[b], new_rows[b] = acc[b]
-                before = len(outputs[b])
-                if stop.extend(outputs[b], new_rows[b]):
-                    active[b] = False
-                accepted.append(len(outputs[b]) - before)
+            accepted = self._extend(outputs, active, new_rows, rows, stop, last_tok)
             kv.keep_last(width, paths)
-            committed = self._committed(new_rows, paths, vout.hidden, base, dev)
+            pending = [self._committed(new_rows, paths, vout.hidden, base, dev)]
             if not all(active[b] for b in rows):
                 active_t = torch.tensor(active, device=dev)
+            if self.adaptive:
+                self.selector.observe(self._outcome(tree, sel, order, vt, vout.routing, paths, kv_slots,
+                                                    n_verified, width, temperature, clock, (t0, t1, t2, t3, t4)))
             t5 = clock.mark()
-            records.append(StepRecord(accepted=accepted, verified=verified, experts_per_layer=[]))
+            if floor is not None:
+                floor.observe_upkeep(clock.seconds(t4, t5))
+            records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[]))
             traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel, kv_slots, (t0, t1, t2, t3, t4, t5)))
         clock.sync()
         end = clock.mark()
@@ -257,6 +343,36 @@ class SpeculativeEngine:
         counts_le = self._analyse(records, traces, clock)
         return Generation(tokens=outputs, steps=records, wall_time=wall, prefill_time=prefill_time,
                           expert_counts=counts_le.tolist())
+
+    @staticmethod
+    def _extend(outputs: list[list[int]], active: list[bool], new_rows: list[list[int]], rows: Sequence[int],
+                stop: StopRule, last_tok: list[int]) -> list[int]:
+        """Append each active row's new tokens (stop rules applied); returns the tokens appended per row."""
+        accepted = []
+        for b in rows:
+            before = len(outputs[b])
+            if stop.extend(outputs[b], new_rows[b]):
+                active[b] = False
+            accepted.append(len(outputs[b]) - before)
+            if new_rows[b]:
+                last_tok[b] = new_rows[b][-1]
+        return accepted
+
+    def _outcome(self, tree: DraftTree, sel: torch.Tensor, order: torch.Tensor, vt: DraftTree,
+                 routing: torch.Tensor, paths: list[list[int]], kv_slots: int, n_verified: int, width: int,
+                 temperature: float, clock: PhaseClock, marks: tuple[int, ...]) -> StepOutcome:
+        """What a speculative step did, for an adaptive selector (accepted paths mapped back to the pool)."""
+        bsz = len(paths)
+        acc_w = torch.zeros(bsz, width, dtype=torch.bool)
+        for b, p in enumerate(paths):
+            acc_w[b, p] = True
+        accepted = torch.zeros_like(sel).scatter_(1, order, acc_w.to(sel.device))
+        t0, t1, t2, t3, t4 = marks
+        return StepOutcome(rows=bsz, tokens=n_verified, width=width, kv_slots=kv_slots, temperature=temperature,
+                           experts_per_layer=experts_per_layer(routing, vt.valid, self.target.num_experts),
+                           t_verify=clock.seconds(t3, t4), t_draft=clock.seconds(t0, t1),
+                           t_pred=clock.seconds(t1, t2), t_select=clock.seconds(t2, t3), tree=tree, selected=sel,
+                           accepted=accepted)
 
     def _analyse(self, records: list[StepRecord], traces: list[StepTrace], clock: PhaseClock) -> torch.Tensor:
         """Fill the records' timings and analysis fields (after the timed region); returns the ``[L, E]``

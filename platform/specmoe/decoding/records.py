@@ -44,6 +44,8 @@ class StepRecord:
     pred_total: int = 0
     """verified tokens x MoE layers x K: ``pred_hits / pred_total`` is the top-K overlap accuracy."""
     pass_experts_per_layer: list[int] | None = None
+    speculative: bool = True
+    """False for a plain AR step the engine took under its AR floor (no drafting, prediction or selection)."""
 
     @property
     def unique_experts(self) -> float:

@@ -11,8 +11,9 @@ Per speculative step the engine (all optional for it: ``select`` keeps working):
    losslessness);
 4. ``selector.observe(StepOutcome.from_record(record, ...))`` with what happened.
 
-``plan.expected_rate`` against ``plan.ar_rate`` (or a measured AR rate) is what an AR floor compares; AR steps
-are reported with ``StepOutcome(speculative=False, ...)`` so that the cost model also learns plain decoding.
+``plan.expected_rate`` against ``plan.ar_rate`` (or a measured AR rate) is what an AR floor compares
+(:class:`FloorOptions`, :mod:`specmoe.decoding.ar_floor`); AR steps are reported with
+``StepOutcome(speculative=False, ...)`` so that the cost model also learns plain decoding.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.tree import DraftTree
 
-__all__ = ["SelectionContext", "SelectionPlan", "StepOutcome", "AdaptiveSelector"]
+__all__ = ["SelectionContext", "SelectionPlan", "StepOutcome", "AdaptiveSelector", "FloorOptions"]
 
 
 @dataclass(frozen=True)
@@ -117,14 +118,31 @@ class StepOutcome:
                    accepted=accepted)
 
 
+@dataclass(frozen=True)
+class FloorOptions:
+    """The AR floor an adaptive selector asks the engine for (see :mod:`specmoe.decoding.ar_floor`).
+
+    Attributes:
+        margin: speculate while the plan's expected rate >= ``margin`` x the measured AR rate.
+        probe_after: AR steps after the first failed decision before speculation is probed again.
+        probe_max: cap of the doubling wait between probes.
+    """
+
+    margin: float = 1.0
+    probe_after: int = 4
+    probe_max: int = 64
+
+
 class AdaptiveSelector(Selector):
     """A selector that prices its choice (:meth:`plan`) and learns from what happened (:meth:`observe`).
 
     ``select`` is ``plan(...).selected`` with a default context, so an engine that knows nothing of this
-    interface still gets a valid selection; the last plan is kept in :attr:`last_plan`.
+    interface still gets a valid selection; the last plan is kept in :attr:`last_plan`. :attr:`ar_floor`
+    (``None``: none) asks the engine to take AR steps while speculation is expected to be slower.
     """
 
     last_plan: SelectionPlan | None = None
+    ar_floor: FloorOptions | None = None
 
     @abstractmethod
     def plan(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,

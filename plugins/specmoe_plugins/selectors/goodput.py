@@ -18,9 +18,10 @@ rate (``stop: drop``) or, with ``stop: best_prefix``, runs to gamma_max and keep
 token costs with the expected union growth of a pass of that many tokens (observed, else random routing).
 
 The engine feeds measured T_draft / T_pred through :class:`SelectionContext` and outcomes through
-:meth:`observe` (online refits); until then the models are the prior: ``cost_model`` (a JSON from
-``platform bench expert_latency --calibrate``), ``coefficients`` (seconds per unit, over the JSON or instead
-of it), else :data:`UNCALIBRATED`; acceptance ``a = P(path)``.
+:meth:`observe` (online refits), and takes plain AR steps while the plan's expected rate is below the measured
+AR rate (``ar_floor``, :mod:`specmoe.decoding.ar_floor`). Until the first refits the models are the prior:
+``cost_model`` (a JSON from ``platform bench expert_latency --calibrate``), ``coefficients`` (seconds per unit,
+over the JSON or instead of it), else :data:`UNCALIBRATED`; acceptance ``a = P(path)``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from specmoe.decoding.bitsets import pack_sets, popcount_rows
 from specmoe.decoding.cost_model import CostModel, VerifyShape
 from specmoe.decoding.selection import PackedPool, greedy_packed
 from specmoe.errors import UserError
-from specmoe.interfaces.selection import AdaptiveSelector, SelectionContext, SelectionPlan, StepOutcome
+from specmoe.interfaces.selection import AdaptiveSelector, FloorOptions, SelectionContext, SelectionPlan, StepOutcome
 from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["GoodputSelector", "UNCALIBRATED"]
@@ -68,12 +69,24 @@ class GoodputSelector(AdaptiveSelector):
         """``drop``: stop when the next node lowers the rate; ``best_prefix``: best prefix of the greedy order."""
         cost_window: int = 256
         acceptance_window: int = 4096
+        ar_floor: bool = True
+        """ask the engine for an AR floor: plain AR steps while the expected rate is below the measured AR rate."""
+        floor_margin: float = 1.0
+        """speculate while expected rate >= floor_margin x AR rate (a huge value forces the probe schedule)."""
+        probe_after: int = 4
+        """AR steps after the first fall-back before speculation is probed again (doubling per failed probe)."""
+        probe_max: int = 64
+        """cap of the doubling wait between probes, in steps."""
 
     def __init__(self, config=None, **kwargs) -> None:
         super().__init__(config, **kwargs)
         cfg = self.config
         if cfg.stop not in ("drop", "best_prefix"):
             raise UserError(f"selector goodput: stop must be 'drop' or 'best_prefix', got {cfg.stop!r}")
+        if not 1 <= cfg.probe_after <= cfg.probe_max:
+            raise UserError(f"selector goodput: need 1 <= probe_after <= probe_max, got probe_after="
+                            f"{cfg.probe_after}, probe_max={cfg.probe_max}")
+        self.ar_floor = FloorOptions(cfg.floor_margin, cfg.probe_after, cfg.probe_max) if cfg.ar_floor else None
         d = CostModel.load(cfg.cost_model).to_dict() if cfg.cost_model else {
             **CostModel().to_dict(), "coef": {} if cfg.coefficients is not None else dict(UNCALIBRATED)}
         d["coef"].update(cfg.coefficients or {})
@@ -102,8 +115,8 @@ class GoodputSelector(AdaptiveSelector):
 
     def calibration(self) -> dict:
         """Cost coefficients and window errors, acceptance weights and calibration per temperature."""
-        acc = {str(t): {"weights": w.tolist(), **self.acceptance.calibration(t)}
-               for t, w in self.acceptance.weights.items()}
+        acc = {str(t): {"weights": self.acceptance.weights_for(t).tolist(), **self.acceptance.calibration(t)}
+               for t in self.acceptance.temperatures()}
         return {"cost": {"coef": self.cost.coefficients(), **self.cost.window_errors()}, "acceptance": acc}
 
     # ---------------------------------------------------------------- selection

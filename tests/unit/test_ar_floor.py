@@ -1,0 +1,158 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The AR floor: the engine switches between plain AR steps and speculation inside one generation and stays
+lossless (greedy == AR on the three architectures with the EAGLE-3, MTP and draft-model drafters, batch 1 and 3;
+switching is forced by a huge floor margin, so every probe falls back on the back-off schedule); a drafter that
+absorbs the tokens of several AR steps at once drafts what it would have drafted absorbing them step by step;
+the engine feeds an adaptive selector's models (cost windows with AR and speculative passes, acceptance
+outcomes); the back-off schedule itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fixtures.agreeing import MIN_MULTI
+from fixtures.tiny import random_prompts
+
+from specmoe.decoding.ar import ar_generate
+from specmoe.decoding.ar_floor import ARFloor
+from specmoe.decoding.engine import SpeculativeEngine, merge_committed, pad_rows
+from specmoe.decoding.stopping import StopRule
+from specmoe.interfaces.drafter import Committed
+from specmoe.registry import drafters, predictors, selectors
+
+MAX_NEW = 20
+#: goodput whose verified tokens are cheap (deep trees are verified) and whose floor always falls back after a
+#: speculative step: spec, AR x2, spec, AR x4, spec, AR x4, ...
+FORCED = {"coefficients": {"fixed": 5e-3, "tokens": 1e-6, "expert_layers": 1e-6}, "floor_margin": 1e9,
+          "probe_after": 2, "probe_max": 4}
+DRAFTS = {"eagle3": ("eagle3", "eagle3"), "mtp": ("mtp", "mtp_dense"), "draft_model": ("draft_model", "draft_lm")}
+
+
+def _switched_after_ar(gens) -> int:
+    """Speculative steps right after an AR step that appended two or more tokens in some row."""
+    n = 0
+    for g in gens:
+        for prev, cur in zip(g.steps, g.steps[1:]):
+            n += (not prev.speculative) and cur.speculative and max(cur.accepted, default=0) >= 2
+    return n
+
+
+@pytest.mark.parametrize("draft", list(DRAFTS))
+def test_greedy_equals_ar_with_switching(make_predictable, agreeing_drafts, arch, draft):
+    name, kind = DRAFTS[draft]
+    target, _ = make_predictable(arch)
+    drafter = drafters.get(name)(path=str(agreeing_drafts(arch, kind)))
+    drafter.setup(target)
+    pred = predictors.get("router_on_embedding")()
+    pred.setup(target)
+    prompts = random_prompts(3, [3, 12, 29], target.vocab_size, seed=4)  # tiny GPT-OSS window is 8
+    free = ar_generate(target, prompts[:1], temperature=0, stop=StopRule(MAX_NEW))
+    stop = StopRule(MAX_NEW, stop_ids=[free.tokens[0][7]])
+    refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
+    engine = SpeculativeEngine(target, drafter, selectors.get("goodput")(**FORCED), pred)
+    gens = []
+    for p, ref in zip(prompts, refs):
+        out = engine.generate([p], budget=4, steps=3, top_k=2, temperature=0, stop=stop)
+        assert out.tokens[0] == ref, f"{arch} {draft} prompt len {len(p)}"
+        gens.append(out)
+    out = engine.generate(prompts, budget=4, steps=3, top_k=2, temperature=0, stop=stop)
+    assert out.tokens == refs, f"{arch} {draft} batch"
+    gens.append(out)
+    steps = [s for g in gens for s in g.steps]
+    ar_steps = [s for s in steps if not s.speculative]
+    assert ar_steps and all(s.verified == [1] * len(s.accepted) for s in ar_steps)
+    spec_acc = [a for s in steps if s.speculative for a in s.accepted]
+    share = sum(a >= 2 for a in spec_acc) / len(spec_acc)
+    assert share >= MIN_MULTI, f"{arch} {draft}: {share:.2f} of speculative steps accepted a draft"
+    assert _switched_after_ar(gens) >= 3, "drafting after AR steps must still agree with the target"
+    assert engine.floor.counts["fall_back"] >= 3 and engine.floor.counts["speculate"] == 0
+
+
+@pytest.mark.parametrize("draft", ["eagle3", "mtp"])
+def test_absorbing_ar_blocks_at_once_drafts_the_same(make_predictable, agreeing_drafts, draft):
+    """``draft(merge(A, B))`` from a fresh state == ``draft(A)`` then ``draft(B)``: the features of tokens
+    committed by AR steps reach the drafter as if it had absorbed them one step at a time."""
+    name, kind = DRAFTS[draft]
+    target, _ = make_predictable("qwen3_moe")
+    drafter = drafters.get(name)(path=str(agreeing_drafts("qwen3_moe", kind)))
+    drafter.setup(target)
+    rows = random_prompts(2, [9, 14], target.vocab_size, seed=3)
+    seqs = [r + ar_generate(target, [r], temperature=0, stop=StopRule(6)).tokens[0] for r in rows]
+    f_dim = None
+    blocks = []
+    cuts = [(0, 8, 12), (0, 13, 18)]  # per row: [0, a) then [a, b)
+    feats_rows = []  # per row [len, F]: token i's feature is the target's hidden state at position i - 1
+    for s in seqs:
+        kv = target.new_kv(1, capacity=len(s) + 4)
+        ids = torch.tensor([s])
+        o = target.forward(ids, kv, torch.arange(len(s))[None], None, None, hidden_layers=drafter.feature_layers)
+        f = torch.zeros(1, len(s), o.hidden.shape[-1])
+        f[:, 1:] = o.hidden[:, :-1]
+        feats_rows.append(f[0])
+        f_dim = o.hidden.shape[-1]
+    for part in (0, 1):
+        toks, poss = [], []
+        for b, s in enumerate(seqs):
+            lo, hi = (cuts[b][0], cuts[b][1]) if part == 0 else (cuts[b][1], cuts[b][2])
+            toks.append(s[lo:hi])
+            poss.append(list(range(lo, hi)))
+        ids, valid = pad_rows(toks, torch.device("cpu"))
+        pos, _ = pad_rows(poss, torch.device("cpu"))
+        feat = torch.zeros(*ids.shape, f_dim)
+        for b in range(len(seqs)):
+            lo = cuts[b][0] if part == 0 else cuts[b][1]
+            n = len(toks[b])
+            feat[b, :n] = feats_rows[b][lo:lo + n]
+        blocks.append(Committed(ids, valid, pos, feat, first=part == 0))
+    st = drafter.begin(2)
+    drafter.draft(st, blocks[0], 3, 2)
+    step_by_step = drafter.draft(st, blocks[1], 3, 2)
+    merged = merge_committed(blocks)
+    assert merged.valid.sum(dim=1).tolist() == [12, 18] and merged.first
+    at_once = drafter.draft(drafter.begin(2), merged, 3, 2)
+    assert torch.equal(step_by_step.tokens, at_once.tokens)
+    torch.testing.assert_close(step_by_step.path_logp, at_once.path_logp, atol=1e-4, rtol=1e-4)
+
+
+def test_engine_feeds_the_adaptive_selector(make_predictable, agreeing_drafts):
+    """AR and speculative passes reach the cost model's window; accept results reach the acceptance model."""
+    target, _ = make_predictable("gpt_oss")
+    drafter = drafters.get("eagle3")(path=str(agreeing_drafts("gpt_oss", "eagle3")))
+    drafter.setup(target)
+    pred = predictors.get("router_on_embedding")()
+    pred.setup(target)
+    sel = selectors.get("goodput")(**FORCED)
+    engine = SpeculativeEngine(target, drafter, sel, pred)
+    prompts = random_prompts(2, [5, 9], target.vocab_size, seed=6)
+    gens = [engine.generate(prompts, budget=4, steps=3, top_k=2, temperature=0, stop=StopRule(MAX_NEW))
+            for _ in range(3)]
+    steps = [s for g in gens for s in g.steps]
+    assert len(sel.cost._obs) == len(steps)  # every pass, AR and speculative
+    assert sel.cost.coefficients() != dict(zip(sel.cost.features, sel.cost.prior.tolist()))  # refitted
+    n_nodes = sum(sum(s.verified) - len(s.verified) for s in steps if s.speculative)
+    assert sel.acceptance._win[0.0].n == n_nodes  # every verified non-root node's outcome
+    assert sel.cost.predict_part("t_draft", 2) > 0
+    cal = sel.calibration()
+    assert cal["cost"]["n"] == len(steps) and cal["acceptance"]["0.0"]["n"] == n_nodes
+
+
+def test_backoff_schedule():
+    floor = ARFloor(margin=1.0, probe_after=2, probe_max=8)
+    floor.begin(1, 0.0)
+    pattern = []
+    for _ in range(30):
+        spec = floor.speculate()
+        pattern.append("S" if spec else "A")
+        if spec:
+            floor.decide(1.0, 1.0, 1, predicted_ar_rate=10.0)  # speculation pays a tenth of AR
+    assert "".join(pattern) == "SAASAAAASAAAAAAAASAAAAAAAASAAA"
+    floor.decide(100.0, 1.0, 1, predicted_ar_rate=10.0)  # a probe that pays resets the wait
+    floor.decide(1.0, 1.0, 1, predicted_ar_rate=10.0)
+    assert floor.state.wait == 2
+    floor.observe_ar(1, 0.01)  # measured AR: 100 tokens/s overrides the predicted rate
+    assert floor.ar_rate(1) == pytest.approx(100.0) and floor.ar_rate(3) == pytest.approx(100.0)
+    floor.begin(4, 0.0)  # another regime starts fresh
+    assert floor.speculate() and floor.ar_rate(1) is None
+    never = ARFloor(margin=0.0)
+    never.begin(1, 0.0)
+    assert never.decide(0.0, 1.0, 1, predicted_ar_rate=1e9) and never.speculate()
