@@ -230,3 +230,20 @@ def test_group_key_changes_with_the_code_version(tmp_path):
     assert key(base) != key({**base, "dirty": True, "diff": "123"})
     assert key(base) != key({**base, "specmoe": "0.2.0"})
     assert key({**base, "dirty": True, "diff": "123"}) != key({**base, "dirty": True, "diff": "456"})
+
+
+def test_method_budgets_override_the_grid(tmp_path):
+    """A method's own ``budgets`` replace ``eval.budgets`` for it; without any, members and keys are as before."""
+    from specmoe.config.load import load_recipe
+    from specmoe.evaluation.runner import Evaluator
+
+    recipe = tmp_path / "r.yaml"
+    body = ("name: k\ntarget: {name: hf, tiny: {arch: qwen3_moe}}\ndatasets: [{name: gsm8k, limit: 2}]\n"
+            "eval: {budgets: [2, 4]}\nmethods: [{name: a, drafter: {name: draft_model, share_target: true}}, "
+            "{name: b, drafter: {name: draft_model, share_target: true}%s}]\n")
+    recipe.write_text(body % ", budgets: [8, 4]")
+    ev = Evaluator(load_recipe(recipe), None, lambda x: x, lambda x: x, {}, None, None, tmp_path)
+    assert [m.id for m in ev._members()] == ["ar@1", "a@2", "a@4", "b@4", "b@8"]
+    recipe.write_text(body % "")
+    ev = Evaluator(load_recipe(recipe), None, lambda x: x, lambda x: x, {}, None, None, tmp_path)
+    assert [m.id for m in ev._members()] == ["ar@1", "a@2", "b@2", "a@4", "b@4"]

@@ -99,6 +99,8 @@ class MethodConfig:
     verifier: Component = component("verifier", "hf")
     analysis_only: bool = False
     """results are for analysis (e.g. oracle expert sets) and never reported as a real speedup."""
+    budgets: Optional[list[int]] = None
+    """gamma values of this method (e.g. an adaptive selector's gamma_max alone); default: ``eval.budgets``."""
 
 
 @dataclass

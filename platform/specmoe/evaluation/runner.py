@@ -80,10 +80,18 @@ class Evaluator:
     def budgets(self) -> list[int]:
         return list(self.cfg.eval.budgets or [self.cfg.decoding.budget])
 
+    def method_budgets(self, m: MethodConfig) -> list[int]:
+        """The γ values ``m`` runs at: its own ``budgets``, else the grid's."""
+        return list(m.budgets or self.budgets())
+
+    def _spec_members(self) -> list[tuple[int, MethodConfig]]:
+        """(γ, method) pairs by γ (the grid's first, then methods' own), then method order."""
+        all_g = list(dict.fromkeys(self.budgets() + [g for m in self.spec_cfgs for g in self.method_budgets(m)]))
+        return [(g, m) for g in all_g for m in self.spec_cfgs if g in self.method_budgets(m)]
+
     def group_key(self, ds: Component, temperature: float, bsz: int) -> str:
         d = self.cfg.decoding
-        members = [self._method_sig(self.ar_cfg, 1)] + [self._method_sig(m, g) for g in self.budgets()
-                                                        for m in self.spec_cfgs]
+        members = [self._method_sig(self.ar_cfg, 1)] + [self._method_sig(m, g) for g, m in self._spec_members()]
         return stable_hash({
             "target": self._sig(self.cfg.target), "dataset": self._sig(ds),
             "decoding": {"steps": d.steps, "top_k": d.top_k, "max_new_tokens": d.max_new_tokens,
@@ -100,9 +108,8 @@ class Evaluator:
     def _members(self) -> list[Member]:
         ar = Member(self.ar_cfg.name, 1, lambda: self.method(self.ar_cfg), autoregressive=True)
         out = [ar]
-        for g in self.budgets():
-            for m in self.spec_cfgs:
-                out.append(Member(m.name, g, lambda m=m: self.method(m), analysis_only=self._analysis_only(m)))
+        for g, m in self._spec_members():
+            out.append(Member(m.name, g, lambda m=m: self.method(m), analysis_only=self._analysis_only(m)))
         return out
 
     def _analysis_only(self, m: MethodConfig) -> bool:
