@@ -96,3 +96,20 @@ def test_parts_json_round_trip_and_errors(tmp_path):
         CostModel.load(tmp_path / "missing.json")
     with pytest.raises(ValueError, match="unknown cost features"):
         CostModel(features=("fixed", "flops"))
+
+
+def test_heldout_errors_use_the_coefficients_before_each_pass():
+    """Each pass is predicted before it enters the window: a wrong prior shows in the first passes' errors,
+    the online refits bring later ones down; the window (in-sample) errors are those of the final fit."""
+    true = {"fixed": 2e-3, "tokens": 3e-4, "expert_layers": 5e-5, "kv_slots": 0.0}
+    cm = CostModel({"fixed": 1e-3, "tokens": 1e-3, "expert_layers": 1e-5, "kv_slots": 0.0}, min_fit=8, refit_every=4)
+    rng = np.random.default_rng(0)
+    for _ in range(64):
+        shape = VerifyShape(tokens=int(rng.integers(1, 9)), expert_layers=float(rng.integers(8, 60)), kv_slots=10)
+        cm.observe_verify(shape, float(shape.features(cm.features) @ np.array(list(true.values()))))
+    first = relative_errors([p for p, _ in list(cm._heldout)[:8]], [m for _, m in list(cm._heldout)[:8]])
+    last = relative_errors([p for p, _ in list(cm._heldout)[-16:]], [m for _, m in list(cm._heldout)[-16:]])
+    assert first["median_abs_rel_error"] > 0.2 and last["median_abs_rel_error"] < 0.01
+    assert cm.heldout_errors()["n"] == 64 and cm.window_errors()["median_abs_rel_error"] < 0.01
+    pred, meas = cm.window_pairs()
+    assert len(pred) == len(meas) == 64

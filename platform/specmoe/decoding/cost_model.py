@@ -151,6 +151,7 @@ class CostModel:
         self.window, self.refit_every, self.min_fit, self.prior_weight = window, refit_every, min_fit, prior_weight
         self.meta = dict(meta or {})
         self._obs: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
+        self._heldout: deque[tuple[float, float]] = deque(maxlen=window)  # (predicted before seen, measured)
         self._since_fit = 0
         self._parts: dict[str, dict[int, deque[float]]] = {p: {} for p in self.PARTS}
         for part, by_rows in (overheads or {}).items():
@@ -173,7 +174,9 @@ class CostModel:
         """Add a measured pass to the window; refits every ``refit_every`` observations."""
         if not seconds > 0:
             return
-        self._obs.append((shape.features(self.features), float(seconds)))
+        x = shape.features(self.features)
+        self._heldout.append((float(x @ self.coef), float(seconds)))
+        self._obs.append((x, float(seconds)))
         self._since_fit += 1
         if len(self._obs) >= self.min_fit and self._since_fit >= self.refit_every:
             self.refit()
@@ -193,6 +196,18 @@ class CostModel:
         y = np.asarray(seconds, dtype=np.float64)
         self.coef = self.prior = huber_fit(x, y)
         return relative_errors(x @ self.coef, y)
+
+    def heldout_errors(self) -> dict[str, float]:
+        """Errors of each recent pass's prediction made *before* the pass was observed (held-out: prequential,
+        with the coefficients of that moment)."""
+        return relative_errors([p for p, _ in self._heldout], [m for _, m in self._heldout])
+
+    def window_pairs(self) -> tuple[list[float], list[float]]:
+        """(predicted by the current coefficients, measured) seconds of the passes in the window."""
+        if not self._obs:
+            return [], []
+        x = np.stack([o[0] for o in self._obs])
+        return (x @ self.coef).tolist(), [o[1] for o in self._obs]
 
     def window_errors(self) -> dict[str, float]:
         """Errors of the current coefficients on the observation window."""

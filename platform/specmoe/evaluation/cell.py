@@ -50,7 +50,7 @@ def run_batch(method: Any, batch: Sequence[Sample], render: Render, decode: Call
 
     Returns:
         ``{"seconds", "new_tokens", "samples": [{"id", "turns", "tokens"}], "steps": [...],
-        "expert_counts"}``.
+        "expert_counts"}``, and ``"calibration"`` when the method has an adaptive selector.
     """
     answers: list[list[str]] = [[] for _ in batch]
     tokens: list[list[list[int]]] = [[] for _ in batch]
@@ -66,9 +66,14 @@ def run_batch(method: Any, batch: Sequence[Sample], render: Render, decode: Call
         for i, toks in zip(rows, gen.tokens):
             tokens[i].append(list(toks))
             answers[i].append(decode(toks))
-    return {"seconds": seconds, "new_tokens": sum(len(t) for row in tokens for t in row),
-            "samples": [{"id": s.id, "turns": answers[i], "tokens": tokens[i]} for i, s in enumerate(batch)],
-            "steps": step_dicts, "expert_counts": counts}
+    out = {"seconds": seconds, "new_tokens": sum(len(t) for row in tokens for t in row),
+           "samples": [{"id": s.id, "turns": answers[i], "tokens": tokens[i]} for i, s in enumerate(batch)],
+           "steps": step_dicts, "expert_counts": counts}
+    calibration = getattr(method, "calibration", None)
+    cal = calibration() if calibration is not None else None
+    if cal:
+        out["calibration"] = cal
+    return out
 
 
 def cell_data(batches: Sequence[dict[str, Any]], temperature: float, bytes_per_expert: int,
@@ -83,7 +88,8 @@ def cell_data(batches: Sequence[dict[str, Any]], temperature: float, bytes_per_e
 
 def build_cell(batches: Sequence[dict[str, Any]], *, method: str, dataset: str, temperature: float, budget: int,
                batch_size: int, autoregressive: bool, analysis_only: bool, bytes_per_expert: int,
-               num_moe_layers: int, bytes_per_expert_loaded: int = 0) -> tuple[CellResult, CellData]:
+               num_moe_layers: int, bytes_per_expert_loaded: int = 0,
+               adaptive: bool = False) -> tuple[CellResult, CellData]:
     """The cell (metrics computed from the batches alone) and its metrics input (for :func:`derive`)."""
     data = cell_data(batches, temperature, bytes_per_expert, num_moe_layers, bytes_per_expert_loaded)
     per_sample, outputs, counts = [], [], None
@@ -97,5 +103,7 @@ def build_cell(batches: Sequence[dict[str, Any]], *, method: str, dataset: str, 
     cell = CellResult(method, dataset, temperature, budget, batch_size,
                       metrics=summarize(data, autoregressive=autoregressive), autoregressive=autoregressive,
                       analysis_only=analysis_only, per_sample=per_sample, outputs=outputs, steps=data.steps,
-                      expert_counts=None if autoregressive else counts)
+                      expert_counts=None if autoregressive else counts, adaptive=adaptive,
+                      calibration=next((b["calibration"] for b in reversed(batches) if b.get("calibration")),
+                                       None))
     return cell, data

@@ -41,6 +41,8 @@ class Member:
     """returns the :class:`~specmoe.evaluation.method.Method` (built on first use)."""
     autoregressive: bool = False
     analysis_only: bool = False
+    adaptive: bool = False
+    """the method's selector is adaptive (compared with the best fixed-γ method of its cell)."""
 
     @property
     def id(self) -> str:
@@ -148,7 +150,8 @@ class EvalGroup:
         for m in self.members:
             cell, data = build_cell([b[m.id] for b in batches], method=m.name, dataset=self.dataset,
                                     temperature=self.temperature, budget=m.budget, batch_size=self.batch_size,
-                                    autoregressive=m.autoregressive, analysis_only=m.analysis_only, **self.facts)
+                                    autoregressive=m.autoregressive, analysis_only=m.analysis_only,
+                                    adaptive=m.adaptive, **self.facts)
             cell.key = self.key
             built.append((cell, data))
         ar_cell, ar_data = next((c, d) for c, d in built if c.autoregressive)

@@ -49,6 +49,20 @@ class Method:
         return self.engine is None
 
     @property
+    def adaptive(self) -> bool:
+        """The selector prices its choice and learns online (an AdaptiveSelector)."""
+        return self.engine is not None and self.engine.adaptive
+
+    def calibration(self) -> dict[str, Any]:
+        """The adaptive selector's models now, and the AR floor's decisions so far (empty otherwise)."""
+        if not self.adaptive:
+            return {}
+        out = dict(self.selector.calibration())
+        if self.engine.floor is not None:
+            out["ar_floor"] = dict(self.engine.floor.counts)
+        return out
+
+    @property
     def analysis_only(self) -> bool:
         return self.cfg.analysis_only or bool(getattr(self.predictor, "analysis_only", False))
 

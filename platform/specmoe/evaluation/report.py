@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from specmoe.evaluation.results import CellResult
 
-__all__ = ["build_report_tables", "log_cell", "log_summary", "write_results"]
+__all__ = ["build_report_tables", "log_cell", "log_summary", "write_results", "calibration_metrics"]
 
 
 def build_report_tables(cells: Sequence[CellResult]) -> list[Any]:
@@ -50,6 +50,7 @@ def log_cell(tracker: Any, parent: Any, cell: CellResult) -> None:
     tags["specmoe.ar"] = str(cell.autoregressive).lower()
     tags["specmoe.analysis_only"] = str(cell.analysis_only).lower()
     tags["specmoe.cached"] = str(cell.cached).lower()
+    tags["specmoe.adaptive"] = str(cell.adaptive).lower()
     with tracker.run(cell_run_name(tags), tags=tags, parent_run_id=parent.run_id) as run:
         cell.run_id = run.run_id or ""
         known = names()
@@ -60,9 +61,40 @@ def log_cell(tracker: Any, parent: Any, cell: CellResult) -> None:
         run.log_table(cell.steps, "steps.csv")
         run.log_table(cell.per_sample, "per_sample.csv")
         run.log_dict({"outputs": [{"id": o["id"], "turns": o["turns"]} for o in cell.outputs]}, "outputs.json")
+        if cell.calibration:
+            _log_calibration(run, cell)
         missing = [k for k in known if k not in cell.metrics]
         if missing:
             run.set_tags({"specmoe.metrics_not_applicable": ",".join(missing)})
+
+
+def calibration_metrics(cal: dict[str, Any]) -> dict[str, float]:
+    """Flat MLflow metrics of an adaptive selector's calibration: ``cost.coef.<feature>``,
+    ``cost.window.<error>``, ``cost.heldout.<error>``, ``acceptance.T<t>.<brier|ece|n>``,
+    ``ar_floor.<decision>``."""
+    out: dict[str, float] = {}
+    cost = cal.get("cost", {})
+    out.update({f"cost.coef.{k}": v for k, v in cost.get("coef", {}).items()})
+    out.update({f"cost.window.{k}": v for k, v in cost.items() if isinstance(v, (int, float))})
+    out.update({f"cost.heldout.{k}": v for k, v in cost.get("heldout", {}).items()})
+    for t, acc in cal.get("acceptance", {}).items():
+        out.update({f"acceptance.T{t}.{k}": v for k, v in acc.items() if isinstance(v, (int, float))})
+    out.update({f"ar_floor.{k}": v for k, v in cal.get("ar_floor", {}).items()})
+    return {k: float(v) for k, v in out.items() if v is not None and v == v}  # NaN: no data
+
+
+def _log_calibration(run: Any, cell: CellResult) -> None:
+    """The cell's cost-model coefficients and errors, acceptance calibration and AR floor decisions as
+    metrics, the whole calibration as ``calibration.json`` and a predicted-vs-measured T_verify plot."""
+    from specmoe.tracking import plots
+
+    cal = cell.calibration or {}
+    run.log_metrics(calibration_metrics(cal))
+    run.log_dict(cal, "calibration.json")
+    cost = cal.get("cost", {})
+    if cost.get("measured"):
+        run.log_figure(plots.fig_cost_fit(cost["predicted"], cost["measured"], title=f"cost model: {cell.label}"),
+                       "plots/cost_fit.png")
 
 
 def _figures(cells: Sequence[CellResult]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any, Optional
 __all__ = ["CellResult"]
 
 #: fields too large for ``results.json`` and MLflow params (kept in the cache and as artifacts)
-BULKY = ("per_sample", "outputs", "steps", "expert_counts")
+BULKY = ("per_sample", "outputs", "steps", "expert_counts", "calibration")
 
 
 @dataclass
@@ -33,6 +33,11 @@ class CellResult:
         outputs: ``{"id", "turns" (text), "tokens" (ids per turn)}`` per sample.
         steps: step records (``StepRecord.to_dict()``).
         expert_counts: ``[L][E]`` activations of verified tokens (paper Fig. 4); ``None`` for AR.
+        adaptive: the method's selector is adaptive (prices its choice, learns online; e.g. ``goodput``):
+            ``platform compare`` sets it against the best fixed-γ method of the cell.
+        calibration: the adaptive selector's models after the cell's last batch
+            (:meth:`~specmoe.interfaces.selection.AdaptiveSelector.calibration`, plus the AR floor's
+            decisions); ``None`` otherwise.
     """
 
     method: str
@@ -52,6 +57,8 @@ class CellResult:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
     expert_counts: Optional[list[list[int]]] = None
+    adaptive: bool = False
+    calibration: Optional[dict[str, Any]] = None
 
     @property
     def label(self) -> str:

@@ -109,8 +109,15 @@ class Evaluator:
         ar = Member(self.ar_cfg.name, 1, lambda: self.method(self.ar_cfg), autoregressive=True)
         out = [ar]
         for g, m in self._spec_members():
-            out.append(Member(m.name, g, lambda m=m: self.method(m), analysis_only=self._analysis_only(m)))
+            out.append(Member(m.name, g, lambda m=m: self.method(m), analysis_only=self._analysis_only(m),
+                              adaptive=self._adaptive(m)))
         return out
+
+    @staticmethod
+    def _adaptive(m: MethodConfig) -> bool:
+        from specmoe.interfaces.selection import AdaptiveSelector
+
+        return issubclass(m.selector.plugin_class(), AdaptiveSelector)
 
     def _analysis_only(self, m: MethodConfig) -> bool:
         if m.analysis_only:

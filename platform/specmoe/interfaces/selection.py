@@ -155,3 +155,8 @@ class AdaptiveSelector(Selector):
 
     def observe(self, outcome: StepOutcome) -> None:
         """Absorb a finished step (speculative or AR). Default: ignore."""
+
+    def calibration(self) -> dict[str, Any]:
+        """JSON-able state of the selector's models (coefficients, fit and calibration errors) for reports and
+        MLflow; default: none."""
+        return {}

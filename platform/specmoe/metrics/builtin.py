@@ -101,6 +101,9 @@ for _m in (
            "verified tokens", "total", compute=_pred_acc, applies_to_ar=False),
     Metric("matches_ar", "= AR", "fraction", "prompts whose output equals AR token for token (T = 0 only)",
            "prompts", relative=_matches_ar, applies_to_ar=False),
+    Metric("ar_steps", "AR steps", "fraction", "share of steps taken as plain AR steps under the AR floor of an "
+           "adaptive selector (no drafting, prediction or selection)", "steps",
+           compute=lambda d: mean(float(not s.get("speculative", True)) for s in d.steps), applies_to_ar=False),
     Metric("steps", "steps", "count", "verification steps (target passes after the prompt)", "total",
            compute=lambda d: float(len(d.steps))),
     Metric("new_tokens", "tokens", "count", "generated tokens, all prompts and turns", "total",

@@ -27,7 +27,8 @@ from specmoe.metrics import names as metric_names
 from specmoe.tracking.schema import CELL_KIND, records_csv
 
 __all__ = ["Block", "Table", "DEFAULT_METRICS", "TABLE3_METRICS", "resolve_uri", "load_cells",
-           "group_blocks", "table1", "table3", "build_tables", "render", "compare", "speedup_by_gamma"]
+           "group_blocks", "table1", "table3", "build_tables", "adaptive_tables", "render", "compare",
+           "speedup_by_gamma"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,8 @@ def _to_cell(run: Any) -> CellResult | None:
         ar = _truthy(t.get("specmoe.ar")) if "specmoe.ar" in t else method.lower() in _AR_NAMES
         return CellResult(method, t["specmoe.dataset"], float(t["specmoe.temperature"]), int(t["specmoe.budget"]),
                           int(t["specmoe.batch_size"]), dict(run.data.metrics), autoregressive=ar,
-                          analysis_only=_truthy(t.get("specmoe.analysis_only")), run_id=run.info.run_id,
+                          analysis_only=_truthy(t.get("specmoe.analysis_only")),
+                          adaptive=_truthy(t.get("specmoe.adaptive")), run_id=run.info.run_id,
                           parent=t.get("specmoe.parent") or t.get("mlflow.parentRunId", ""),
                           order=int(run.info.start_time or 0))
     except (KeyError, ValueError) as exc:
@@ -269,14 +271,61 @@ def table3(block: Block) -> Table:
                  _notes(block, "† AR: T_total is the per-token latency (one token per step)"))
 
 
+def _best_fixed(cells: Sequence[CellResult], datasets: Sequence[str]) -> tuple[str, float] | None:
+    """The fixed-γ cell label (``method@γ``) with the highest mean speedup over ``datasets`` (each present)."""
+    by: dict[str, dict[str, float]] = {}
+    for c in cells:
+        if not (c.autoregressive or c.adaptive or c.analysis_only) and "speedup" in c.metrics:
+            by.setdefault(f"{c.method}@{c.budget}", {})[c.dataset] = c.metrics["speedup"]
+    scored = [(lab, sum(v[d] for d in datasets) / len(datasets)) for lab, v in by.items()
+              if all(d in v for d in datasets)]
+    return max(scored, key=lambda x: x[1]) if scored else None
+
+
+def adaptive_tables(cells: Iterable[CellResult]) -> list[Table]:
+    """Per (temperature, batch size) with adaptive cells: the best fixed-γ method (over every method and γ)
+    next to each adaptive method, per dataset and on average (speedup over AR; the adaptive rows also show
+    their ratio to that best). The Average column's best is one (method, γ) for all datasets: the static
+    best-γ-per-batch-size choice."""
+    cells = sorted(cells, key=lambda c: c.order)
+    out = []
+    for t, bs in dict.fromkeys(c.setting for c in cells if c.adaptive):
+        here = [c for c in cells if c.setting == (t, bs)]
+        datasets = list(dict.fromkeys(c.dataset for c in here if c.adaptive))
+        cols: list[Sequence[str]] = [[d] for d in datasets] + [datasets]
+        best = [_best_fixed([c for c in here if c.dataset in over], over) for over in cols]
+        rows = [["best fixed γ", *(f"{v:.2f}x {lab}" if b else "n/a" for b in best for lab, v in [b or ("", 0)])]]
+        records = []
+        base = {"table": "adaptive", "temperature": t, "batch_size": bs}
+        for name in dict.fromkeys(f"{c.method}@{c.budget}" for c in here if c.adaptive):
+            row = [name]
+            for over, b, label in zip(cols, best, [*datasets, "Average"]):
+                vals = [c.metrics["speedup"] for c in here if c.adaptive and f"{c.method}@{c.budget}" == name
+                        and c.dataset in over and "speedup" in c.metrics]
+                spd = sum(vals) / len(vals) if len(vals) == len(over) else None
+                ratio = spd / b[1] if spd is not None and b and b[1] > 0 else None
+                row.append("n/a" if spd is None else f"{spd:.2f}x" + (f" ({ratio:.2f}x best)" if ratio else ""))
+                records.append({**base, "method": name, "dataset": label, "speedup": spd,
+                                "best_fixed": b[0] if b else None, "best_fixed_speedup": b[1] if b else None,
+                                "ratio_to_best_fixed": ratio})
+            rows.append(row)
+        mode = "greedy" if t == 0 else "sampling"
+        out.append(Table(f"Adaptive vs best fixed γ — T={t:g} ({mode}), batch size {bs} — speedup over AR",
+                         ["Method", *datasets, "Average"], rows, records,
+                         ["best fixed γ: the fastest non-adaptive method and γ of the cell (Average: one for all "
+                          "datasets, i.e. a static best-γ table chosen on these prompts)"]))
+    return out
+
+
 def build_tables(cells: Iterable[CellResult], metrics: Sequence[str] = DEFAULT_METRICS) -> list[Table]:
-    """Table 1 for every block, then Table 3 for every block."""
+    """Table 1 for every block, then Table 3 for every block, then the adaptive-vs-best-fixed-γ tables."""
     bad = [m for m in metrics if m not in _names()]
     if bad:
         raise UserError(f"unknown metric(s) {', '.join(bad)} for --metric; "
                         f"choose from {', '.join(_names())}")
+    cells = list(cells)
     blocks = group_blocks(cells)
-    return [table1(b, metrics) for b in blocks] + [table3(b) for b in blocks]
+    return [table1(b, metrics) for b in blocks] + [table3(b) for b in blocks] + adaptive_tables(cells)
 
 
 def speedup_by_gamma(cells: Iterable[CellResult], temperature: float = 0.0, batch_size: int = 1,

@@ -16,6 +16,7 @@ __all__ = [
     "fig_cumulative_experts",
     "fig_expert_heatmap",
     "fig_speedup_vs_gamma",
+    "fig_cost_fit",
     "mean_cumulative_experts",
 ]
 
@@ -229,4 +230,19 @@ def fig_speedup_vs_gamma(speedups: Mapping[str, Mapping[int, float]], title: str
     ax.set_title(title or "Speedup vs verification budget")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return fig
+
+
+def fig_cost_fit(predicted: Sequence[float], measured: Sequence[float], title: str | None = None) -> Any:
+    """A cost model's predicted vs measured T_verify of the passes in its window (the diagonal is a perfect
+    fit), in milliseconds."""
+    fig, ax = _figure(4.2, 4.0)
+    p = [1e3 * v for v in predicted]
+    m = [1e3 * v for v in measured]
+    ax.scatter(m, p, s=10, alpha=0.6, color=_color(0))
+    hi = max([*p, *m, 1e-3])
+    ax.plot([0, hi], [0, hi], color="0.5", linewidth=1, linestyle="--")
+    ax.set_xlabel("measured T_verify (ms)")
+    ax.set_ylabel("predicted T_verify (ms)")
+    ax.set_title(title or "cost model: predicted vs measured")
     return fig

@@ -114,10 +114,14 @@ class GoodputSelector(AdaptiveSelector):
         return float(meta["layers"]) * e * (1.0 - (1.0 - k / e) ** tokens)
 
     def calibration(self) -> dict:
-        """Cost coefficients and window errors, acceptance weights and calibration per temperature."""
+        """Cost coefficients, window (in-sample) and held-out errors and the window's (predicted, measured)
+        T_verify pairs; acceptance weights and calibration (Brier, ECE) per temperature."""
         acc = {str(t): {"weights": self.acceptance.weights_for(t).tolist(), **self.acceptance.calibration(t)}
                for t in self.acceptance.temperatures()}
-        return {"cost": {"coef": self.cost.coefficients(), **self.cost.window_errors()}, "acceptance": acc}
+        pred, meas = self.cost.window_pairs()
+        return {"cost": {"coef": self.cost.coefficients(), **self.cost.window_errors(),
+                         "heldout": self.cost.heldout_errors(), "predicted": pred, "measured": meas},
+                "acceptance": acc}
 
     # ---------------------------------------------------------------- selection
     def plan(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
