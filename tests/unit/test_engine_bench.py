@@ -40,3 +40,20 @@ def test_bench_engine_reports_everything(make_target, capsys):
     assert set(r["verifiers"]) == {"hf", "torch_union"} and all(v["ms"] > 0 for v in r["verifiers"].values())
     text = bench._report(r, args)
     assert "roofline" in text and "host syncs / step" in text and "KV pruning" in text
+
+
+def test_bench_goodput_reports_everything(make_target):
+    from specmoe.bench import goodput
+
+    target = make_target("gpt_oss")
+    p = argparse.ArgumentParser()
+    goodput.add_arguments(p)
+    args = p.parse_args(["--prompts", "2", "--prompt-len", "8", "--new-tokens", "6", "--repeats", "1",
+                         "--gammas", "2,4"])
+    r = goodput.measure(target, args)
+    assert set(r["tok_s"]) == {"ar", "confidence@2", "confidence@4", "goodput_tokens@4", "goodput@4"}
+    assert all(v > 0 for v in r["tok_s"].values()) and r["vs_ar"]["ar"] == 1.0
+    assert r["best_fixed"] in ("confidence@2", "confidence@4") and r["goodput_vs_best_fixed"] > 0
+    assert r["cost_heldout"]["n"] > 0 and sum(r["ar_floor"].values()) > 0
+    assert set(r["ar_step_share"]) == {"goodput_tokens@4", "goodput@4"}
+    assert goodput._report(r, args).count("tok/s") == 5

@@ -202,6 +202,10 @@ class CostModel:
         with the coefficients of that moment)."""
         return relative_errors([p for p, _ in self._heldout], [m for _, m in self._heldout])
 
+    def reset_heldout(self) -> None:
+        """Forget the held-out record (e.g. after a warm-up)."""
+        self._heldout.clear()
+
     def window_pairs(self) -> tuple[list[float], list[float]]:
         """(predicted by the current coefficients, measured) seconds of the passes in the window."""
         if not self._obs:
