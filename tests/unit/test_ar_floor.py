@@ -125,15 +125,16 @@ def test_engine_feeds_the_adaptive_selector(make_predictable, agreeing_drafts):
     engine = SpeculativeEngine(target, drafter, sel, pred)
     prompts = random_prompts(2, [5, 9], target.vocab_size, seed=6)
     gens = [engine.generate(prompts, budget=4, steps=3, top_k=2, temperature=0, stop=StopRule(MAX_NEW))
-            for _ in range(3)]
+            for _ in range(10)]
     steps = [s for g in gens for s in g.steps]
-    assert len(sel.cost._obs) == len(steps)  # every pass, AR and speculative
+    n_obs = sum(s.speculative for s in steps) + sum(sum(not s.speculative for s in g.steps) // 8 for g in gens)
+    assert len(sel.cost._obs) == n_obs >= sel.cost.min_fit  # every speculative pass, one AR pass in 8
     assert sel.cost.coefficients() != dict(zip(sel.cost.features, sel.cost.prior.tolist()))  # refitted
     n_nodes = sum(sum(s.verified) - len(s.verified) for s in steps if s.speculative)
     assert sel.acceptance._win[0.0].n == n_nodes  # every verified non-root node's outcome
     assert sel.cost.predict_part("t_draft", 2) > 0
     cal = sel.calibration()
-    assert cal["cost"]["n"] == len(steps) and cal["acceptance"]["0.0"]["n"] == n_nodes
+    assert cal["cost"]["n"] == n_obs and cal["acceptance"]["0.0"]["n"] == n_nodes
 
 
 def test_backoff_schedule():

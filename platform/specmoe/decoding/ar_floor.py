@@ -53,12 +53,18 @@ class ARFloor:
         probe_after: AR steps after the first failed decision.
         probe_max: cap of the doubling wait.
         window: AR step timings kept per row count.
+        observe_every: AR steps reported to the selector's ``observe``: one in this many (its cost model needs
+            some plain passes, not all of them, and each report costs a host read of the pass's routing and,
+            now and then, a refit: ~7 % of a tiny CPU target's AR step when every step reports).
     """
 
-    def __init__(self, margin: float = 1.0, probe_after: int = 4, probe_max: int = 64, window: int = 64) -> None:
-        if probe_after < 1 or probe_max < probe_after:
-            raise ValueError(f"AR floor: need 1 <= probe_after <= probe_max, got {probe_after}, {probe_max}")
+    def __init__(self, margin: float = 1.0, probe_after: int = 4, probe_max: int = 64, window: int = 64,
+                 observe_every: int = 8) -> None:
+        if probe_after < 1 or probe_max < probe_after or observe_every < 1:
+            raise ValueError(f"AR floor: need 1 <= probe_after <= probe_max and observe_every >= 1, got "
+                             f"{probe_after}, {probe_max}, {observe_every}")
         self.margin, self.probe_after, self.probe_max, self.window = margin, probe_after, probe_max, window
+        self.observe_every = observe_every
         self._states: dict[tuple[int, float], FloorState] = {}
         self.state = FloorState()
         self.counts = {"speculate": 0, "fall_back": 0}

@@ -251,6 +251,7 @@ class SpeculativeEngine:
         traces: list[StepTrace] = []
         active_t = torch.tensor(active, device=dev)
         floor = self.floor
+        n_ar = 0  # AR steps taken (one in floor.observe_every is reported to the selector)
         if floor is not None:
             floor.begin(bsz, temperature)
         while any(active):
@@ -270,10 +271,15 @@ class SpeculativeEngine:
                     new_rows[b] = [tok]
                 kv.keep_last(1, paths)
                 accepted = self._extend(outputs, active, new_rows, rows, stop, last_tok)
-                pending.append(self._committed(new_rows, paths, vout.hidden, base, dev))
+                # the new tokens (one per verified row), their feature: the hidden state at the root
+                h = vout.hidden
+                feats_ar = None if h is None else h[:, :1] * sel_ar[:, :, None].to(h.dtype)
+                pending.append(Committed(torch.tensor([r[:1] or [0] for r in new_rows], device=dev), sel_ar,
+                                         base[:, None] + 1, feats_ar))
                 if not all(active[b] for b in rows):
                     active_t = torch.tensor(active, device=dev)
-                if self.adaptive:
+                n_ar += 1
+                if self.adaptive and n_ar % floor.observe_every == 0:
                     self.selector.observe(StepOutcome(
                         rows=bsz, tokens=len(rows), width=1, kv_slots=kv_slots, temperature=temperature,
                         experts_per_layer=experts_per_layer(vout.routing, sel_ar, target.num_experts),
