@@ -24,7 +24,7 @@ MAX_NEW = 20
 #: goodput whose verified tokens are cheap (deep trees are verified) and whose floor always falls back after a
 #: speculative step: spec, AR x2, spec, AR x4, spec, AR x4, ...
 FORCED = {"coefficients": {"fixed": 5e-3, "tokens": 1e-6, "expert_layers": 1e-6}, "floor_margin": 1e9,
-          "probe_after": 2, "probe_max": 4}
+          "probe_after": 2, "probe_max": 4, "floor_tolerance": 0.0}
 DRAFTS = {"eagle3": ("eagle3", "eagle3"), "mtp": ("mtp", "mtp_dense"), "draft_model": ("draft_model", "draft_lm")}
 
 
@@ -138,7 +138,7 @@ def test_engine_feeds_the_adaptive_selector(make_predictable, agreeing_drafts):
 
 
 def test_backoff_schedule():
-    floor = ARFloor(margin=1.0, probe_after=2, probe_max=8)
+    floor = ARFloor(margin=1.0, probe_after=2, probe_max=8, tolerance=0.0)
     floor.begin(1, 0.0)
     pattern = []
     for _ in range(30):
@@ -154,6 +154,15 @@ def test_backoff_schedule():
     assert floor.ar_rate(1) == pytest.approx(100.0) and floor.ar_rate(3) == pytest.approx(100.0)
     floor.begin(4, 0.0)  # another regime starts fresh
     assert floor.speculate() and floor.ar_rate(1) is None
+    # the cap grows until failed probes cost at most `tolerance` of the time: a probe of 0.3 s against AR
+    # steps of 0.1 s costs 2 AR steps extra -> cap ceil(2 / 0.05) = 40
+    costly = ARFloor(margin=1.0, probe_after=4, probe_max=8, tolerance=0.05)
+    costly.begin(1, 0.0)
+    waits = []
+    for _ in range(7):
+        costly.decide(1.0, 0.3, 1, predicted_ar_rate=10.0)
+        waits.append(costly.state.wait)
+    assert waits == [4, 8, 16, 32, 40, 40, 40]
     never = ARFloor(margin=0.0)
     never.begin(1, 0.0)
     assert never.decide(0.0, 1.0, 1, predicted_ar_rate=1e9) and never.speculate()

@@ -215,7 +215,7 @@ GOODPUT = {"coefficients": {"fixed": 5e-3, "tokens": 1e-6, "expert_layers": 1e-6
 #: steps): generations mix AR and speculative steps, and a generation may start with AR steps (the floor's
 #: state carries over from the previous generation)
 OPTIONS = {"goodput": GOODPUT, "goodput_floor": {**GOODPUT, "online": True, "ar_floor": True, "floor_margin": 1e9,
-                                                 "probe_after": 1, "probe_max": 2}}
+                                                 "probe_after": 1, "probe_max": 2, "floor_tolerance": 0.0}}
 
 
 @pytest.mark.parametrize("selector", ["confidence", "ecospec", "goodput", "goodput_floor"])

@@ -9,12 +9,14 @@ measured). Below ``margin`` x the AR rate the engine takes AR steps (no drafting
 then probes speculation again with one speculative step.
 
 Probe schedule: exponential back-off in steps. The first failed decision waits ``probe_after`` AR steps, each
-further consecutive failure doubles the wait up to ``probe_max``; a probe whose plan pays resets the wait. A
-failed probe costs at most one step at the lower rate, so when speculation never pays the steps lost to
-probing over ``S`` steps number ``O(log S)`` at first and at most ``S / probe_max`` later (<= 1.6 % of the
-steps with the default 64, inside the issue's 2 % floor tolerance), while a change for the better is noticed
-within ``probe_max`` steps (Cascade and TCP make the same trade). The state persists across generations of one
-engine, per (batch size, temperature), so a new prompt does not pay a fresh series of probes.
+further consecutive failure doubles the wait up to a cap; a probe whose plan pays resets the wait. A failed
+probe costs one speculative step instead of an AR step: ``excess = T_probe / T_AR - 1`` AR steps' worth of
+time. The cap is ``max(probe_max, ceil(excess / tolerance))``, so when speculation never pays, probing costs at
+most ``tolerance`` of the decoding time once the wait has grown (2 % by default: the issue's 0.98x AR floor),
+after ``O(log)`` probes at first; a change for the better is noticed within the cap (64 steps when a probe costs
+little more than an AR step; on the CPU demo, where an untrained EAGLE-3 probe costs ~4 AR steps, ~150). Cascade
+and TCP make the same trade. The state persists across generations of one engine, per (batch size,
+temperature), so a new prompt does not pay a fresh series of probes.
 
 The decision is for the whole batch: drafting, prediction and selection are one pass for all rows, so only
 the batch can skip them. Within a speculative step the goodput selector already decides per row (a row whose
@@ -23,6 +25,7 @@ nodes do not pay verifies its root alone, i.e. takes an AR step inside the batch
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -51,7 +54,9 @@ class ARFloor:
         margin: speculate while ``expected rate >= margin x AR rate`` (``0``: never fall back; a huge margin
             falls back after every probe, which forces the schedule, e.g. in tests).
         probe_after: AR steps after the first failed decision.
-        probe_max: cap of the doubling wait.
+        probe_max: cap of the doubling wait (raised so that probes cost at most ``tolerance`` of the time).
+        tolerance: share of the decoding time failed probes may cost when speculation never pays (0: cap at
+            ``probe_max``).
         window: AR step timings kept per row count.
         observe_every: AR steps reported to the selector's ``observe``: one in this many (its cost model needs
             some plain passes, not all of them, and each report costs a host read of the pass's routing and,
@@ -59,12 +64,12 @@ class ARFloor:
     """
 
     def __init__(self, margin: float = 1.0, probe_after: int = 4, probe_max: int = 64, window: int = 64,
-                 observe_every: int = 8) -> None:
+                 observe_every: int = 8, tolerance: float = 0.02) -> None:
         if probe_after < 1 or probe_max < probe_after or observe_every < 1:
             raise ValueError(f"AR floor: need 1 <= probe_after <= probe_max and observe_every >= 1, got "
                              f"{probe_after}, {probe_max}, {observe_every}")
         self.margin, self.probe_after, self.probe_max, self.window = margin, probe_after, probe_max, window
-        self.observe_every = observe_every
+        self.observe_every, self.tolerance = observe_every, tolerance
         self._states: dict[tuple[int, float], FloorState] = {}
         self.state = FloorState()
         self.counts = {"speculate": 0, "fall_back": 0}
@@ -110,6 +115,10 @@ class ARFloor:
         if keep:
             st.backoff = 0
         else:
+            cap = self.probe_max
+            if self.tolerance > 0 and ar > 0:
+                excess = (step_seconds + upkeep) * ar / rows - 1.0  # a probe's extra AR steps' worth of time
+                cap = max(cap, math.ceil(excess / self.tolerance))
             st.wait = st.backoff or self.probe_after
-            st.backoff = min(2 * st.wait, self.probe_max)
+            st.backoff = min(2 * st.wait, cap)
         return keep

@@ -155,7 +155,7 @@ class SpeculativeEngine:
         self.adaptive = isinstance(selector, AdaptiveSelector)
         opts = selector.ar_floor if self.adaptive else None
         if ar_floor is None and opts is not None:
-            ar_floor = ARFloor(opts.margin, opts.probe_after, opts.probe_max)
+            ar_floor = ARFloor(opts.margin, opts.probe_after, opts.probe_max, tolerance=opts.tolerance)
         if ar_floor is not None and not self.adaptive:
             raise ValueError(f"an AR floor needs an adaptive selector (one with plan/observe); "
                              f"{type(selector).__name__} is not")

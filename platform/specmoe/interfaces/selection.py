@@ -125,12 +125,15 @@ class FloorOptions:
     Attributes:
         margin: speculate while the plan's expected rate >= ``margin`` x the measured AR rate.
         probe_after: AR steps after the first failed decision before speculation is probed again.
-        probe_max: cap of the doubling wait between probes.
+        probe_max: cap of the doubling wait between probes (raised so that failed probes cost at most
+            ``tolerance`` of the decoding time).
+        tolerance: share of the decoding time failed probes may cost when speculation never pays.
     """
 
     margin: float = 1.0
     probe_after: int = 4
     probe_max: int = 64
+    tolerance: float = 0.02
 
 
 class AdaptiveSelector(Selector):

@@ -76,7 +76,11 @@ class GoodputSelector(AdaptiveSelector):
         probe_after: int = 4
         """AR steps after the first fall-back before speculation is probed again (doubling per failed probe)."""
         probe_max: int = 64
-        """cap of the doubling wait between probes, in steps."""
+        """cap of the doubling wait between probes, in steps (raised so that failed probes cost at most
+        ``floor_tolerance`` of the decoding time)."""
+        floor_tolerance: float = 0.02
+        """share of the decoding time failed probes may cost while speculation does not pay (0: cap at
+        probe_max)."""
 
     def __init__(self, config=None, **kwargs) -> None:
         super().__init__(config, **kwargs)
@@ -86,7 +90,8 @@ class GoodputSelector(AdaptiveSelector):
         if not 1 <= cfg.probe_after <= cfg.probe_max:
             raise UserError(f"selector goodput: need 1 <= probe_after <= probe_max, got probe_after="
                             f"{cfg.probe_after}, probe_max={cfg.probe_max}")
-        self.ar_floor = FloorOptions(cfg.floor_margin, cfg.probe_after, cfg.probe_max) if cfg.ar_floor else None
+        self.ar_floor = (FloorOptions(cfg.floor_margin, cfg.probe_after, cfg.probe_max, cfg.floor_tolerance)
+                         if cfg.ar_floor else None)
         d = CostModel.load(cfg.cost_model).to_dict() if cfg.cost_model else {
             **CostModel().to_dict(), "coef": {} if cfg.coefficients is not None else dict(UNCALIBRATED)}
         d["coef"].update(cfg.coefficients or {})
