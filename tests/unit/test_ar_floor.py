@@ -154,15 +154,19 @@ def test_backoff_schedule():
     assert floor.ar_rate(1) == pytest.approx(100.0) and floor.ar_rate(3) == pytest.approx(100.0)
     floor.begin(4, 0.0)  # another regime starts fresh
     assert floor.speculate() and floor.ar_rate(1) is None
-    # the cap grows until failed probes cost at most `tolerance` of the time: a probe of 0.3 s against AR
-    # steps of 0.1 s costs 2 AR steps extra -> cap ceil(2 / 0.05) = 40
-    costly = ARFloor(margin=1.0, probe_after=4, probe_max=8, tolerance=0.05)
+    # the wait is at least what keeps failed probes under `tolerance` of the time: a probe of 0.3 s with one
+    # expected token against AR steps of 0.1 s loses 2 AR steps' worth -> >= ceil(2 / 0.05) = 40 steps
+    costly = ARFloor(margin=1.0, probe_after=4, probe_max=64, tolerance=0.05)
     costly.begin(1, 0.0)
     waits = []
     for _ in range(7):
         costly.decide(1.0, 0.3, 1, predicted_ar_rate=10.0)
         waits.append(costly.state.wait)
-    assert waits == [4, 8, 16, 32, 40, 40, 40]
+    assert waits == [40, 40, 40, 40, 64, 64, 64]
+    costly.decide(2.9, 0.3, 1, predicted_ar_rate=10.0)  # a near miss after a reset: the back-off alone
+    costly.decide(100.0, 0.3, 1, predicted_ar_rate=10.0)
+    costly.decide(2.9, 0.3, 1, predicted_ar_rate=10.0)
+    assert costly.state.wait == 4
     never = ARFloor(margin=0.0)
     never.begin(1, 0.0)
     assert never.decide(0.0, 1.0, 1, predicted_ar_rate=1e9) and never.speculate()

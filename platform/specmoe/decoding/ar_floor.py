@@ -8,15 +8,16 @@ second of the engine's own recent AR steps at that row count; the selector's pre
 measured). Below ``margin`` x the AR rate the engine takes AR steps (no drafting, no predictor, no selection),
 then probes speculation again with one speculative step.
 
-Probe schedule: exponential back-off in steps. The first failed decision waits ``probe_after`` AR steps, each
-further consecutive failure doubles the wait up to a cap; a probe whose plan pays resets the wait. A failed
-probe costs one speculative step instead of an AR step: ``excess = T_probe / T_AR - 1`` AR steps' worth of
-time. The cap is ``max(probe_max, ceil(excess / tolerance))``, so when speculation never pays, probing costs at
-most ``tolerance`` of the decoding time once the wait has grown (2 % by default: the issue's 0.98x AR floor),
-after ``O(log)`` probes at first; a change for the better is noticed within the cap (64 steps when a probe costs
-little more than an AR step; on the CPU demo, where an untrained EAGLE-3 probe costs ~4 AR steps, ~150). Cascade
-and TCP make the same trade. The state persists across generations of one engine, per (batch size,
-temperature), so a new prompt does not pay a fresh series of probes.
+Probe schedule: exponential back-off in steps, never shorter than what keeps failed probes cheap. A failed
+probe loses ``loss = (T_probe x AR rate - expected tokens) / rows`` AR steps' worth of tokens (it is a
+speculative step whose expected rate was below AR's). After it the engine waits
+``max(backoff, ceil(loss / tolerance))`` AR steps, where ``backoff`` starts at ``probe_after`` and doubles with
+each consecutive failure up to ``probe_max``; a probe whose plan pays resets it. So failed probes never cost
+more than ``tolerance`` of the decoding time (2 % by default: the issue's 0.98x AR floor): an expensive probe
+(an untrained drafter whose step costs ~10 AR steps and yields ~1 token) waits ~450 steps, while a probe that
+only just missed (a bad step in a good stretch) waits ``probe_after`` steps and the back-off handles noise.
+Cascade and TCP make the same trade between overhead and reaction time. The state persists across generations
+of one engine, per (batch size, temperature), so a new prompt does not pay a fresh series of probes.
 
 The decision is for the whole batch: drafting, prediction and selection are one pass for all rows, so only
 the batch can skip them. Within a speculative step the goodput selector already decides per row (a row whose
@@ -54,9 +55,8 @@ class ARFloor:
         margin: speculate while ``expected rate >= margin x AR rate`` (``0``: never fall back; a huge margin
             falls back after every probe, which forces the schedule, e.g. in tests).
         probe_after: AR steps after the first failed decision.
-        probe_max: cap of the doubling wait (raised so that probes cost at most ``tolerance`` of the time).
-        tolerance: share of the decoding time failed probes may cost when speculation never pays (0: cap at
-            ``probe_max``).
+        probe_max: cap of the doubling back-off.
+        tolerance: share of the decoding time failed probes may cost (0: the back-off alone decides).
         window: AR step timings kept per row count.
         observe_every: AR steps reported to the selector's ``observe``: one in this many (its cost model needs
             some plain passes, not all of them, and each report costs a host read of the pass's routing and,
@@ -115,10 +115,10 @@ class ARFloor:
         if keep:
             st.backoff = 0
         else:
-            cap = self.probe_max
-            if self.tolerance > 0 and ar > 0:
-                excess = (step_seconds + upkeep) * ar / rows - 1.0  # a probe's extra AR steps' worth of time
-                cap = max(cap, math.ceil(excess / self.tolerance))
-            st.wait = st.backoff or self.probe_after
-            st.backoff = min(2 * st.wait, cap)
+            backoff = st.backoff or self.probe_after
+            st.backoff = min(2 * backoff, self.probe_max)
+            st.wait = backoff
+            if self.tolerance > 0:
+                loss = ((step_seconds + upkeep) * ar - expected_tokens) / max(rows, 1)  # AR steps' worth
+                st.wait = max(backoff, math.ceil(loss / self.tolerance))
         return keep

@@ -125,9 +125,9 @@ class FloorOptions:
     Attributes:
         margin: speculate while the plan's expected rate >= ``margin`` x the measured AR rate.
         probe_after: AR steps after the first failed decision before speculation is probed again.
-        probe_max: cap of the doubling wait between probes (raised so that failed probes cost at most
-            ``tolerance`` of the decoding time).
-        tolerance: share of the decoding time failed probes may cost when speculation never pays.
+        probe_max: cap of the doubling back-off between probes.
+        tolerance: share of the decoding time failed probes may cost (each failed probe is followed by at least
+            ``loss / tolerance`` AR steps, ``loss`` its lost AR steps' worth of tokens).
     """
 
     margin: float = 1.0

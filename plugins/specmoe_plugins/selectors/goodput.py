@@ -76,11 +76,10 @@ class GoodputSelector(AdaptiveSelector):
         probe_after: int = 4
         """AR steps after the first fall-back before speculation is probed again (doubling per failed probe)."""
         probe_max: int = 64
-        """cap of the doubling wait between probes, in steps (raised so that failed probes cost at most
-        ``floor_tolerance`` of the decoding time)."""
+        """cap of the doubling back-off between probes, in steps."""
         floor_tolerance: float = 0.02
-        """share of the decoding time failed probes may cost while speculation does not pay (0: cap at
-        probe_max)."""
+        """share of the decoding time failed probes may cost: a failed probe is followed by at least
+        ``loss / floor_tolerance`` AR steps (0: the back-off alone)."""
 
     def __init__(self, config=None, **kwargs) -> None:
         super().__init__(config, **kwargs)
