@@ -10,9 +10,14 @@ and the acceptance (accepted paths, their tokens and the bonus tokens, in one re
 of T > 0 reads per node). Timing marks never synchronise (:class:`~specmoe.decoding.clock.PhaseClock`), and
 the analysis of a step (unique experts, cumulative unions, predictor overlap) is computed from the kept
 routing after the timed region (:meth:`SpeculativeEngine.generate` returns when both are done; ``wall_time``
-ends before the analysis). A selector that learns online gets a step's outcome at the end of the step from its
-:class:`StepTrace` (timings: ``clock.seconds`` of its marks, free on a CPU, one wait on a GPU; unique experts:
-:func:`experts_per_layer` of its routing; ``kv_slots``).
+ends before the analysis).
+
+An adaptive selector (:class:`~specmoe.interfaces.selection.AdaptiveSelector`) costs more host reads, inside
+the timed region because they are part of what it does: the step's draft and prediction seconds before
+``plan`` (free on a CPU, one wait on a GPU) and, at the end of the step, its outcome for ``observe`` (timings,
+the unique experts of the pass's routing, the accepted nodes). Under its AR floor
+(:mod:`specmoe.decoding.ar_floor`) an AR step is one target pass over the roots with one host read (the next
+tokens); one AR step in ``ARFloor.observe_every`` is reported to ``observe``.
 """
 
 from __future__ import annotations
