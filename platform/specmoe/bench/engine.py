@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-__all__ = ["add_arguments", "run", "measure", "DEMO"]
+__all__ = ["add_arguments", "run", "measure", "DEMO", "run_on_target"]
 
 #: the demo target's architecture (``recipes/tiny_gsm8k.yaml``)
 DEMO: dict[str, Any] = dict(arch="gpt_oss", seed=0, hidden_size=256, intermediate_size=384, num_hidden_layers=4,
@@ -341,7 +341,10 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
+def run_on_target(args: argparse.Namespace, name: str, measure_fn: Callable[[Any, argparse.Namespace], dict],
+                  report: Callable[[dict, argparse.Namespace], str]) -> int:
+    """Set threads, check the clock, load ``--target`` (default: the demo architecture, random weights), run
+    ``measure_fn``, print ``report`` and write ``--json``: the common body of the target benchmarks."""
     import torch
 
     from specmoe.errors import UserError
@@ -350,14 +353,18 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.clock == "thread" and torch.get_num_threads() != 1:
-        raise UserError("bench engine: --clock thread measures this thread's CPU time: add --threads 1")
+        raise UserError(f"bench {name}: --clock thread measures this thread's CPU time: add --threads 1")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     hf = targets.get("hf")
     target = hf(path=args.target, device=device, dtype=args.dtype) if args.target else \
         hf(tiny=dict(DEMO), cache_dir=args.cache_dir, device=device, dtype=args.dtype)
-    r = measure(target, args)
-    print(_report(r, args))
+    r = measure_fn(target, args)
+    print(report(r, args))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(r, fh, indent=2, default=str)
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_on_target(args, "engine", measure, _report)

@@ -151,23 +151,6 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    from specmoe.bench.engine import run_on_target
 
-    from specmoe.bench.engine import DEMO
-    from specmoe.errors import UserError
-    from specmoe.registry import targets
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.clock == "thread" and torch.get_num_threads() != 1:
-        raise UserError("bench goodput: --clock thread measures this thread's CPU time: add --threads 1")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    hf = targets.get("hf")
-    target = hf(path=args.target, device=device, dtype=args.dtype) if args.target else \
-        hf(tiny=dict(DEMO), cache_dir=args.cache_dir, device=device, dtype=args.dtype)
-    r = measure(target, args)
-    print(_report(r, args))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(r, fh, indent=2, default=str)
-    return 0
+    return run_on_target(args, "goodput", measure, _report)
