@@ -48,7 +48,9 @@ def test_bench_goodput_reports_everything(make_target):
     target = make_target("gpt_oss")
     p = argparse.ArgumentParser()
     goodput.add_arguments(p)
-    args = p.parse_args(["--prompts", "2", "--prompt-len", "8", "--new-tokens", "6", "--repeats", "1",
+    # 11 steps per generation: each timed generation has a speculative step or >= 8 AR steps, both of which
+    # reach the cost model (one AR step in 8 does)
+    args = p.parse_args(["--prompts", "2", "--prompt-len", "8", "--new-tokens", "12", "--repeats", "1",
                          "--gammas", "2,4"])
     r = goodput.measure(target, args)
     assert set(r["tok_s"]) == {"ar", "confidence@2", "confidence@4", "goodput_tokens@4", "goodput@4"}
