@@ -139,3 +139,20 @@ def test_cost_model_file_and_bad_options(tmp_path):
         selectors.get("goodput")(coefficients={"flops": 1.0})
     with pytest.raises(UserError, match="does not exist"):
         selectors.get("goodput")(cost_model=str(tmp_path / "none.json"))
+
+
+def test_explore_verifies_the_likeliest_child_when_drafts_do_not_pay():
+    dear = {"coefficients": {"fixed": 1e-6, "tokens": 1.0, "expert_layers": 0.0}}  # a token costs a whole step
+    for seed in (1, 2, 3):
+        g = torch.Generator().manual_seed(seed)
+        tree = random_tree(1, 30, g, padding=False)
+        ex = random_sets(1, 30, 8, 32, 4, g)
+        plain = make(**dear).plan(tree, 20, ex)
+        assert int(plain.selected.sum()) == 1
+        explored = make(**dear, explore=True).plan(tree, 20, ex)
+        sel = explored.selected[0]
+        kids = (tree.parents[0] == 0) & tree.valid[0]
+        best = int(torch.where(kids, tree.path_logp[0], torch.tensor(-1e9)).argmax())
+        assert sel.nonzero().flatten().tolist() == [0, best]  # the likeliest child (a = P(path) prior)
+        assert explored.expected_rate == plain.expected_rate  # the floor decides on the greedy choice
+        assert int(make(**dear, explore=True, gamma_max=1).plan(tree, 20, ex).selected.sum()) == 1

@@ -77,6 +77,11 @@ class GoodputSelector(AdaptiveSelector):
         """AR steps after the first fall-back before speculation is probed again (doubling per failed probe)."""
         probe_max: int = 64
         """cap of the doubling back-off between probes, in steps."""
+        explore: bool = False
+        """verify at least each row's likeliest child of the root (when gamma_max >= 2): one token of
+        exploration, so the acceptance model keeps seeing outcomes while the rate says drafts do not pay
+        (otherwise an under-confident draft is never verified and never found to be good). The plan's rate
+        and the AR floor's decision remain those of the greedy choice."""
         floor_tolerance: float = 0.02
         """share of the decoding time failed probes may cost: a failed probe is followed by at least
         ``loss / floor_tolerance`` AR steps (0: the back-off alone)."""
@@ -198,6 +203,12 @@ class GoodputSelector(AdaptiveSelector):
             for f, _, _ in picks[keep:]:
                 sel.reshape(-1)[f] = False
             rate, t_verify = rates[keep], picks[keep - 1][2] if keep else t_ar
+        if cfg.explore and gmax >= 2:
+            kids = (pool.parents == 0) & pool.valid  # [B, N] depth-1 nodes
+            lone = live & (sel.sum(axis=1) == 1) & kids.any(axis=1)
+            if lone.any():
+                best = np.where(kids, acc.reshape(b, n), -1.0).argmax(axis=1)
+                sel[np.flatnonzero(lone), best[lone]] = True
         flat = sel.reshape(-1).copy()
         flat[np.arange(b) * n] = False
         exp_tokens = live + np.bincount(np.flatnonzero(flat) // n, acc[flat], minlength=b)
