@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Greedy speculative decoding equals autoregressive decoding token for token (the first test of any change
 to decoding): three architectures x every registered selector x gamma in {2, 4, 6}, 8 prompts, with stop tokens
-and max-length cut-offs, batch 1 and batch 4; multi-token acceptance is asserted per selector."""
+and max-length cut-offs, batch 1 and batch 4 (there also with the ``draft_head`` predictor on the drafter's node
+features); multi-token acceptance is asserted per selector."""
 
 from __future__ import annotations
 
@@ -56,9 +57,11 @@ def test_greedy_equals_ar_every_selector(make_target, arch, drafter_opts, tmp_pa
 
 def test_batched_greedy_equals_ar(make_target, arch):
     target, drafter, pred, prompts, stop = _setup(make_target, arch, {"share_target": True})
+    head = predictors.get("draft_head")(init={"seed": 0, "rank": 16})  # reads the drafter's node features
+    head.setup(target)
     refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
-    for sel_name in ("confidence", "ecospec", "goodput"):
-        engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(), pred)
+    for sel_name, predictor in (("confidence", pred), ("ecospec", pred), ("goodput", pred), ("ecospec", head)):
+        engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(), predictor)
         out = engine.generate(prompts[:4], budget=4, steps=3, top_k=2, temperature=0, stop=stop)
         assert out.tokens == refs[:4], sel_name
         assert any(a > 1 for s in out.steps for a in s.accepted), sel_name

@@ -10,4 +10,5 @@ BENCHES = {
     "verifier": "specmoe.bench.verifier",
     "expert_latency": "specmoe.bench.expert_latency",
     "selector": "specmoe.bench.selector",
+    "predictor": "specmoe.bench.predictor",
 }

@@ -26,9 +26,10 @@ def topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
     x = scores.clone()
     for _ in range(k - 1):
         y = x - x.amax(dim=-1, keepdim=True)  # 0 at the row maximum, < 0 elsewhere
-        x.add_(y.sign_().add_(1.0).mul_(-1e30))
+        x.add_(y.sign_().add_(1.0), alpha=-1e30)
     mask = scores >= x.amax(dim=-1, keepdim=True)
-    if bool((mask.sum(dim=-1) != k).any()):
+    # every row has >= k hits (a tie removes several maxima in one round and lowers the threshold)
+    if int(mask.sum()) != k * (mask.numel() // max(mask.shape[-1], 1)):
         mask = indices_to_sets(scores.topk(k, dim=-1).indices, scores.shape[-1])
     return mask
 

@@ -30,7 +30,10 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-__all__ = ["DRAFT_HEAD_FORMAT", "DraftHeadConfig", "DraftHeadNet", "save_draft_head", "load_draft_head"]
+from specmoe.decoding.expert_sets import topk_mask
+
+__all__ = ["DRAFT_HEAD_FORMAT", "DraftHeadConfig", "DraftHeadNet", "predict_sets", "save_draft_head",
+           "load_draft_head"]
 
 DRAFT_HEAD_FORMAT = "specmoe-draft-head"
 KINDS = ("lowrank", "mlp", "linear")
@@ -112,6 +115,26 @@ class DraftHeadNet(nn.Module):
         if self.out is not None:
             z = self.out(nn.functional.gelu(z) if c.kind == "mlp" else z)
         return z.view(*z.shape[:-1], c.num_layers, c.num_experts)
+
+
+def predict_sets(net: DraftHeadNet, features: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor,
+                 table: Optional[torch.Tensor] = None,
+                 embed: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+    """What the ``draft_head`` predictor computes per tree: ``[B, N, L, E]`` bool top-K sets of every node.
+
+    Args:
+        features: ``[B, N, F]`` node features; tokens: ``[B, N]`` their target ids; valid: ``[B, N]``.
+        table: the ``[V, rank]`` token terms (:meth:`DraftHeadNet.token_table`); else ``embed`` (ids ->
+            target embeddings) is called on ``tokens``.
+    """
+    if not net.config.use_embedding:
+        logits = net(features)
+    elif table is not None:
+        logits = net(features, token_term=table[tokens])
+    else:
+        logits = net(features, embed(tokens))
+    sets = topk_mask(logits, net.config.top_k)
+    return sets if bool(valid.all()) else sets & valid[:, :, None, None]
 
 
 def save_draft_head(net: DraftHeadNet, out_dir: str | Path, meta: Optional[dict[str, Any]] = None) -> Path:

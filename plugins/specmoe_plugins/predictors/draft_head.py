@@ -16,7 +16,6 @@ from typing import Any, Optional
 
 import torch
 
-from specmoe.decoding.expert_sets import topk_mask
 from specmoe.errors import UserError
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.predictor import Predictor
@@ -86,9 +85,8 @@ class DraftHeadPredictor(Predictor):
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.target.embed(ids.to(self.target.device)).to(device=self.device, dtype=self.dtype)
 
-    @torch.no_grad()
-    def predict_logits(self, tree: DraftTree) -> torch.Tensor:
-        """``[B, N, L, E]`` routing logits of every tree node (float32)."""
+    def _check(self, tree: DraftTree) -> torch.Tensor:
+        """The tree's features on the head's device (the head is built here for ``init``)."""
         feats = tree.features
         if feats is None:
             raise UserError("predictor draft_head: the drafter attached no node features to its tree "
@@ -100,8 +98,13 @@ class DraftHeadPredictor(Predictor):
             raise UserError(f"predictor draft_head: the drafter's features are {feats.shape[-1]} wide but the head "
                             f"was trained on {c.feature_size}-wide features of another drafter "
                             f"(trained with: {self.config.path or 'init'})")
-        feats = feats.to(self.device)
-        if not c.use_embedding:
+        return feats.to(self.device)
+
+    @torch.no_grad()
+    def predict_logits(self, tree: DraftTree) -> torch.Tensor:
+        """``[B, N, L, E]`` routing logits of every tree node (float32)."""
+        feats = self._check(tree)
+        if not self.net.config.use_embedding:
             return self.net(feats).float()
         if self._table is not None:
             return self.net(feats, token_term=self._table[tree.tokens.to(self.device)]).float()
@@ -109,5 +112,9 @@ class DraftHeadPredictor(Predictor):
 
     @torch.no_grad()
     def predict(self, state: Any, tree: DraftTree) -> torch.Tensor:
-        sets = topk_mask(self.predict_logits(tree), self.net.config.top_k)
-        return (sets & tree.valid.to(self.device)[:, :, None, None]).to(tree.tokens.device)
+        from specmoe.models.draft_head import predict_sets
+
+        feats = self._check(tree)
+        sets = predict_sets(self.net, feats, tree.tokens.to(self.device), tree.valid.to(self.device), self._table,
+                            self._embed)
+        return sets.to(tree.tokens.device)
