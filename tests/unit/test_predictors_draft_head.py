@@ -14,12 +14,10 @@ import torch
 
 from specmoe.decoding.expert_sets import indices_to_sets, topk_mask
 from specmoe.errors import UserError
-from specmoe.interfaces.dataset import Sample
 from specmoe.interfaces.drafter import Committed
 from specmoe.interfaces.stage import StageContext
 from specmoe.registry import drafters, predictors, stages
 
-SAMPLES = [Sample(id=f"q{i}", turns=[f"Q{i}: {i} + {2 * i} = ?"]) for i in range(10)]
 DRAFTER = {"name": "eagle3", "init": {"seed": 1, "draft_vocab_size": 100}, "dtype": "float32"}
 
 
@@ -39,19 +37,9 @@ def target(make_target):
     return make_target("qwen3_moe")
 
 
-@pytest.fixture(scope="module")
-def traces(target, tmp_path_factory):
-    from specmoe.traces.collect import CollectOptions, collect_traces
-
-    out = tmp_path_factory.mktemp("traces")
-    collect_traces(target, SAMPLES, out, CollectOptions(max_new_tokens=12, batch_size=5, samples_per_shard=4,
-                                                        progress=False))
-    return out
-
-
-def _config(traces, **kw):
+def _config(qwen3_traces, **kw):
     cls = stages.get("train_draft_head")
-    opts = dict(traces=str(traces), drafter=dict(DRAFTER), kind="mlp", rank=16, depths=2, lr=1e-2, batch_size=4,
+    opts = dict(traces=str(qwen3_traces), drafter=dict(DRAFTER), kind="mlp", rank=16, depths=2, lr=1e-2, batch_size=4,
                 cache_features=True, milestones=[0.0, 0.99],
                 trainer={"max_epochs": 6, "accelerator": "cpu", "enable_progress_bar": False, "num_threads": 1,
                          "log_every_n_steps": 1})
@@ -60,13 +48,13 @@ def _config(traces, **kw):
 
 
 @pytest.fixture(scope="module")
-def trained(traces, tmp_path_factory):
+def trained(qwen3_traces, tmp_path_factory):
     out = tmp_path_factory.mktemp("draft_head")
-    cls, cfg = _config(traces)
+    cls, cfg = _config(qwen3_traces)
     return out, cls(cfg).run(out, StageContext())
 
 
-def test_stage_outputs_and_learning(traces, trained, target):
+def test_stage_outputs_and_learning(qwen3_traces, trained, target):
     from specmoe.traces.evaluate import evaluate_predictor
     from specmoe.traces.format import TraceReader
 
@@ -81,7 +69,7 @@ def test_stage_outputs_and_learning(traces, trained, target):
     # training helped: the exported head beats the same network untrained, through the decoding interface
     drafter = drafters.get("eagle3")(**{k: v for k, v in DRAFTER.items() if k != "name"})
     drafter.setup(target)
-    reader = TraceReader(traces)
+    reader = TraceReader(qwen3_traces)
     accs = {}
     for name, opts in {"trained": {"path": str(out / "head")},
                        "untrained": {"init": {"seed": 0, "kind": "mlp", "rank": 16}}}.items():
@@ -92,13 +80,13 @@ def test_stage_outputs_and_learning(traces, trained, target):
     assert accs["trained"] == pytest.approx(summary["val_acc"], abs=0.1)  # same data, same features (depth 1)
 
 
-def test_feature_cache_returns_what_it_computed(traces, target):
+def test_feature_cache_returns_what_it_computed(qwen3_traces, target):
     from specmoe.training.draft_head_module import DraftHeadModule
     from specmoe.training.predictor_data import RoutingTraceDataModule
 
     drafter = drafters.get("eagle3")(**{k: v for k, v in DRAFTER.items() if k != "name"})
     drafter.setup(target)
-    dm = RoutingTraceDataModule(traces, 64, 3)
+    dm = RoutingTraceDataModule(qwen3_traces, 64, 3)
     dm.setup("fit")
     batch = next(iter(dm.val_dataloader()))
     module = DraftHeadModule(dict(feature_size=drafter.feature_size, embed_size=target.hidden_size,
@@ -112,11 +100,11 @@ def test_feature_cache_returns_what_it_computed(traces, target):
     assert not torch.equal(first[0], first[1])  # depth 2 is a different drafter state
 
 
-def test_stage_resumes_from_its_checkpoint(traces, trained, tmp_path):
+def test_stage_resumes_from_its_checkpoint(qwen3_traces, trained, tmp_path):
     src, first = trained
     out = tmp_path / "head"
     shutil.copytree(src, out)
-    cls, cfg = _config(traces)
+    cls, cfg = _config(qwen3_traces)
     summary = cls(cfg).run(out, StageContext())
     assert summary["global_step"] == first["global_step"]  # nothing left to train: resumed at the end
 
@@ -174,7 +162,7 @@ def test_clear_errors(trained, target, tmp_path):
         pred.predict(None, tree)
 
 
-def test_platform_traces_evaluate_with_drafter(traces, trained, target, tmp_path, capsys):
+def test_platform_traces_evaluate_with_drafter(qwen3_traces, trained, target, tmp_path, capsys):
     from specmoe.cli.main import main
     from specmoe_plugins.drafters.eagle3.checkpoint import save_eagle3
 
@@ -183,9 +171,9 @@ def test_platform_traces_evaluate_with_drafter(traces, trained, target, tmp_path
     drafter.setup(target)
     draft_dir = save_eagle3(drafter.model, tmp_path / "eagle3")  # the drafter the head was trained on
     head = f"draft_head:path={out / 'head'}"
-    assert main(["traces", "evaluate", "--traces", str(traces), "-p", head, "--max-samples", "1"]) == 2
+    assert main(["traces", "evaluate", "--traces", str(qwen3_traces), "-p", head, "--max-samples", "1"]) == 2
     assert "give a drafter" in capsys.readouterr().err
-    assert main(["traces", "evaluate", "--traces", str(traces), "-p", head, "-p", "router_on_embedding",
+    assert main(["traces", "evaluate", "--traces", str(qwen3_traces), "-p", head, "-p", "router_on_embedding",
                  "--drafter", f"eagle3:path={draft_dir},dtype=float32"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res[head]["acc"] == pytest.approx(summary["val_acc"], abs=0.1)
