@@ -25,11 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["add_arguments", "run", "GPTOSS120B", "DEMO", "head_case", "learned_case"]
+__all__ = ["add_arguments", "run", "GPTOSS120B", "head_case", "demo_target", "learned_case"]
 
 #: (MoE layers, experts, top-k, drafter feature width, target embedding width, vocabulary)
 GPTOSS120B = (36, 128, 4, 2880, 2880, 201088)
-DEMO = (4, 32, 4, 256, 256, 4096)
 #: the demo target (recipes/_base/tiny.yaml: pretrain_target's gpt_oss shape) and its learned predictor
 DEMO_TARGET = dict(arch="gpt_oss", hidden_size=256, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
@@ -80,8 +79,9 @@ def head_case(shape: tuple[int, ...], kind: str, rank: int, device: Any, seed: i
     table = None
     if kind != "linear":
         table = torch.randn(vocab, rank, device=device) * 0.1
-    else:
-        embedding = torch.nn.Embedding(vocab, emb).to(device).requires_grad_(False)
+    else:  # the target's embedding rows of the tree's tokens (a gather: a few thousand rows time the same)
+        rows = torch.randn(min(vocab, 4096), emb, device=device)
+        embedding = lambda ids: rows[ids % rows.shape[0]]  # noqa: E731
     feats: dict[int, Any] = {}
 
     @torch.no_grad()
@@ -94,19 +94,24 @@ def head_case(shape: tuple[int, ...], kind: str, rank: int, device: Any, seed: i
     return step
 
 
-def learned_case(device: Any, cache_dir: str, target_path: str | None, learned_path: str | None
-                 ) -> tuple[Callable[[Any], None], Any]:
-    """``(step(tree), target)``: one ``learned`` step (observe 3 tokens, predict the tree) per call."""
+def demo_target(device: Any, cache_dir: str, target_path: str | None = None) -> Any:
+    """The target of the demo comparison: ``target_path``, or a random one of the demo's shape."""
+    from specmoe.registry import targets
+
+    if target_path:
+        return targets.get("hf")(path=target_path, device=str(device), dtype="float32")
+    return targets.get("hf")(tiny=dict(DEMO_TARGET), device=str(device), dtype="float32", cache_dir=cache_dir)
+
+
+def learned_case(target: Any, device: Any, cache_dir: str, learned_path: str | None = None
+                 ) -> Callable[[Any], None]:
+    """``step(tree)``: one ``learned`` step (observe 3 tokens, predict the tree) per call; a random
+    predictor at the demo's backbone size unless ``learned_path``."""
     import torch
 
     from specmoe.interfaces.drafter import Committed
-    from specmoe.registry import predictors, targets
+    from specmoe.registry import predictors
 
-    if target_path:
-        target = targets.get("hf")(path=target_path, device=str(device), dtype="float32")
-    else:
-        tiny = dict(DEMO_TARGET)
-        target = targets.get("hf")(tiny=tiny, device=str(device), dtype="float32", cache_dir=cache_dir)
     path = learned_path or str(_random_learned(target, Path(cache_dir)))
     pred = predictors.get("learned")(path=path)
     pred.setup(target)
@@ -129,7 +134,7 @@ def learned_case(device: Any, cache_dir: str, target_path: str | None, learned_p
         pred.observe(box["state"], commit(3, False))
         pred.predict(box["state"], tree)
 
-    return step, target
+    return step
 
 
 def _random_learned(target: Any, cache_dir: Path) -> Path:
@@ -138,7 +143,7 @@ def _random_learned(target: Any, cache_dir: Path) -> Path:
 
     from specmoe.training.predictor_module import PredictorModule, export_from_checkpoint
 
-    out = cache_dir / "learned_demo_random"
+    out = cache_dir / f"learned_random_{target.num_moe_layers}x{target.num_experts}x{target.hidden_size}"
     if (out / "predictor.json").is_file():
         return out
     torch.manual_seed(0)
@@ -178,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
             head_case(GPTOSS120B, kind, int(rank or 0), device, args.seed), GPTOSS120B, 0.3)
     if not args.no_demo:
         kind, _, rank = args.demo_head.partition(":")
-        learned, target = learned_case(device, args.cache_dir, args.target, args.learned)
+        target = demo_target(device, args.cache_dir, args.target)
+        learned = learned_case(target, device, args.cache_dir, args.learned)
         demo = (target.num_moe_layers, target.num_experts, target.top_k, target.hidden_size, target.hidden_size,
                 target.vocab_size)
         cases[("demo", f"draft_head {kind} r{rank or 0}")] = (head_case(demo, kind, int(rank or 0), device, args.seed),

@@ -20,6 +20,7 @@ Validation is on the traces' held-out ``test`` split; ``val/acc`` is the depth-1
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -161,7 +162,9 @@ class TrainDraftHead(Stage):
             loggers.append(mlf)
         trainer = build_trainer(topts, out, callbacks=callbacks, logger=loggers,
                                 use_distributed_sampler=False)  # the DataModule's sampler splits batches
+        t0 = time.perf_counter()
         trainer.fit(module, dm, ckpt_path=resume_checkpoint(out / "checkpoints" / "last.ckpt"))
+        train_s = time.perf_counter() - t0
         final = out / "checkpoints" / "final.ckpt"
         trainer.save_checkpoint(final, weights_only=True)
         results = trainer.validate(module, datamodule=dm, verbose=False)  # final held-out metrics
@@ -172,6 +175,7 @@ class TrainDraftHead(Stage):
                                          if f"val/acc_layer_{i}" in metrics],
                    "parameters": sum(p.numel() for p in module.net.parameters()),
                    "global_step": trainer.global_step, "epochs": trainer.current_epoch,
+                   "train_seconds": round(train_s, 1),
                    "world_size": trainer.world_size, "milestones": milestones.reached,
                    "head": str((out / "head").resolve())}
         if trainer.is_global_zero:
