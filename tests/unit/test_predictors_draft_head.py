@@ -178,3 +178,20 @@ def test_platform_traces_evaluate_with_drafter(qwen3_traces, trained, target, tm
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res[head]["acc"] == pytest.approx(summary["val_acc"], abs=0.1)
     assert 0.0 <= res["router_on_embedding"]["acc"] <= 1.0
+
+
+def test_method_with_a_featureless_drafter_is_one_clear_error(target):
+    from specmoe.config.schema import Component, MethodConfig
+    from specmoe.evaluation.method import Method
+
+    @drafters.register("test_no_features")
+    class NoFeatures(drafters.get("draft_model")):
+        @property
+        def feature_size(self) -> int:
+            return 0
+
+    cfg = MethodConfig(name="sd", drafter=Component("test_no_features", {"share_target": True}, "drafter"),
+                       selector=Component("ecospec", {}, "selector"),
+                       predictor=Component("draft_head", {"init": {"seed": 0}}, "predictor"))
+    with pytest.raises(UserError, match="reads the drafter's node features.*test_no_features"):
+        Method(cfg, target, lambda x: x)
