@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``pretrain_target`` stage end to end on a very small GPT-OSS config, and the router-collapse check."""
+"""``pretrain_target`` stage end to end on a very small GPT-OSS config: export and resume, the step-budget
+schedule, the opt-in wall-clock guard, router balancing and the collapse check at every validation."""
 
 from __future__ import annotations
 
 import csv
 import json
-import shutil
+import math
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from specmoe.interfaces.stage import StageContext
-from specmoe.training.pretrain import RouterCollapseError, balance_stats, check_router_collapse
+from specmoe.training.router_balance import RouterCollapseError, balance_stats, check_router_collapse
 from specmoe.training.text_data import TextSource
 from specmoe.training.trainer import TrainerOptions
 
@@ -45,7 +46,7 @@ def _stage(max_steps: int):
 
     trainer = TrainerOptions(max_epochs=-1, max_steps=max_steps, val_check_interval=2,
                              check_val_every_n_epoch=None, log_every_n_steps=1, enable_progress_bar=False,
-                             num_threads=1)
+                             num_threads=1, precision="32-true")  # the same on every CPU
     return PretrainTarget(model=dict(SMALL), vocab_size=320, block_size=64, batch_size=4, docs_per_context=3,
                           val_fraction=0.1, trainer=trainer, lr=1e-3, warmup_steps=1,
                           checkpoint_every_n_steps=2, test=TextSource(path="gsm8k/test.jsonl", limit=4),
@@ -119,28 +120,12 @@ def test_collapse_check_on_synthetic_counts():
     assert balance_stats(dead, 2)[0]["dead"] == 6
     with pytest.raises(RouterCollapseError):
         check_router_collapse(dead, top_k=2)
+    spread = torch.full((1, 8), 100)
+    spread[0, 7] = 0  # balanced, but one expert never chosen
+    assert check_router_collapse(spread, top_k=2, max_dead_fraction=0.125)
+    with pytest.raises(RouterCollapseError, match="1 of 8 experts unused.*at most 0 unused"):
+        check_router_collapse(spread, top_k=2, max_dead_fraction=0.0)
     assert check_router_collapse(torch.tensor([[0, 0, 90, 10]]), top_k=4)  # k == E cannot collapse
-
-
-def test_collapse_check_fires_on_a_collapsed_router(tmp_path):
-    """A model whose routers send every token to experts 0 and 1 fails validation loudly."""
-    import lightning as L
-
-    from specmoe.models.tiny import tiny_config
-    from specmoe.training.pretrain import PretrainLM
-
-    torch.set_num_threads(1)
-    module = PretrainLM(tiny_config("gpt_oss", vocab_size=64, **SMALL).to_dict())
-    with torch.no_grad():
-        for layer in module.model.model.layers:
-            layer.mlp.router.bias[:2] = 100.0
-    blocks = torch.randint(0, 64, (8, 16))
-    loader = torch.utils.data.DataLoader([{"input_ids": b} for b in blocks], batch_size=4)
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(tmp_path))
-    with pytest.raises(RouterCollapseError, match="100% of assignments on its 2 busiest experts, 6 experts"):
-        trainer.validate(module, loader)
-    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_forced_routing_has_exact_union():
@@ -220,6 +205,8 @@ def test_stage_logs_a_nested_mlflow_run(tmp_path):
     assert child.data.tags["mlflow.parentRunId"] == parent and child.info.status == "FINISHED"
     assert child.data.metrics["test_perplexity"] == pytest.approx(summary["test_perplexity"])
     assert "train/loss" in child.data.metrics and "balance/layer0/top_k_share" in child.data.metrics
+    assert child.data.params["trainer.precision"] == summary["precision"] == "32-true"  # resolved, not "auto"
+    assert child.data.params["trainer.num_threads"] == "1"
     assert [a.path for a in client.list_artifacts(child.info.run_id)] == ["summary.json"]
 
 
@@ -229,7 +216,8 @@ def test_default_target_is_the_chosen_gpt_oss_size():
     from specmoe_plugins.stages.pretrain_target import DEFAULT_MODELS, PretrainTarget
 
     cfg = PretrainTarget().config
-    assert cfg.arch == "gpt_oss" and cfg.model == {} and cfg.max_train_minutes == 10.0
+    assert cfg.arch == "gpt_oss" and cfg.model == {} and cfg.trainer.max_time is None
+    assert cfg.trainer.precision == "auto" and cfg.trainer.max_steps > 0
     assert cfg.sources[0].path == "gsm8k/train.jsonl" and cfg.test.path == "gsm8k/test.jsonl"
     hf = tiny_config("gpt_oss", **DEFAULT_MODELS["gpt_oss"])
     shape = (hf.num_hidden_layers, hf.hidden_size, hf.num_local_experts, hf.num_experts_per_tok)
@@ -240,23 +228,128 @@ def test_default_target_is_the_chosen_gpt_oss_size():
 
 
 @pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
-def test_time_budget_anneals_the_schedule(tmp_path):
-    """Stopped by ``max_time`` long before ``max_steps``, the cosine still ends near ``lr * min_lr_ratio``."""
+def test_schedule_is_transformers_cosine_over_max_steps(tmp_path):
+    """Warm-up then cosine to ``lr * min_lr_ratio`` exactly at ``max_steps``, whatever the clock says."""
     import lightning as L
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
     from specmoe.models.tiny import tiny_config
     from specmoe.training.pretrain import PretrainLM
 
     torch.set_num_threads(1)
     module = PretrainLM(tiny_config("gpt_oss", vocab_size=64, **SMALL).to_dict(), lr=1e-3, warmup_steps=2,
-                        min_lr_ratio=0.1, time_budget_s=3.0, fail_on_collapse=False)
-    blocks = torch.randint(0, 64, (8, 16))
-    loader = torch.utils.data.DataLoader([{"input_ids": b} for b in blocks], batch_size=4)
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, max_steps=100_000,
-                        max_epochs=-1, max_time="00:00:00:03", limit_val_batches=0,
-                        default_root_dir=str(tmp_path))
+                        min_lr_ratio=0.1, fail_on_collapse=False)
+    seen: list[float] = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, *args):
+            seen.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    loader = torch.utils.data.DataLoader([{"input_ids": b} for b in torch.randint(0, 64, (8, 16))], batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, max_steps=6, max_epochs=-1, limit_val_batches=0,
+                        callbacks=[Record()], default_root_dir=str(tmp_path))
     trainer.fit(module, loader)
-    assert 2 < trainer.global_step < 100_000
-    # steps alone would leave the lr at ~1e-3 (step 100 of 100k); the clock has annealed it (floor 1e-4)
-    assert trainer.optimizers[0].param_groups[0]["lr"] < 1e-3 * 0.4
+    ref_opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
+    ref = get_cosine_with_min_lr_schedule_with_warmup(ref_opt, 2, 6, min_lr_rate=0.1)
+    expected = []
+    for _ in range(6):
+        expected.append(ref_opt.param_groups[0]["lr"])
+        ref_opt.step()
+        ref.step()
+    assert seen == pytest.approx(expected) and expected[2] == pytest.approx(1e-3)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-4)  # the floor at max_steps
+
+
+@pytest.mark.integration
+def test_wall_clock_guard_reports_an_incomplete_stage_and_the_rerun_resumes(tmp_path):
+    """``trainer.max_time`` stops long before ``max_steps``: the stage raises ``StageIncomplete`` (no
+    export, no finished summary), ``last.ckpt`` holds the step it stopped at, and a rerun continues from it."""
+    from specmoe.errors import StageIncomplete
+    from specmoe_plugins.stages.pretrain_target import PretrainTarget
+
+    torch.set_num_threads(1)
+    data = _gsm8k_lines(tmp_path)
+    out = tmp_path / "target"
+    trainer = TrainerOptions(max_epochs=-1, max_steps=100_000, max_time="00:00:00:01", val_check_interval=None,
+                             check_val_every_n_epoch=None, log_every_n_steps=1, enable_progress_bar=False,
+                             num_threads=1, precision="32-true")
+    stage = PretrainTarget(model=dict(SMALL), vocab_size=320, block_size=32, batch_size=2, val_fraction=0.1,
+                           trainer=trainer, warmup_steps=1, checkpoint_every_n_steps=100_000, num_samples=0)
+    stopped_at = []
+    for _ in range(2):
+        with pytest.raises(StageIncomplete, match=r"NOT complete.*last\.ckpt.*Run the same command again"):
+            stage.run(out, StageContext(data_dir=data))
+        ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        stopped_at.append(int(ckpt["global_step"]))
+        assert not (out / "summary.json").exists() and not (out / "model.safetensors").exists()
+    assert 0 < stopped_at[0] < stopped_at[1] < 100_000  # the second run continued from the first's step
+
+
+def test_collapse_stops_training_at_the_first_validation(tmp_path):
+    """A router forced onto two experts fails the first validation of ``fit`` (step 2 of 50), with a message
+    naming the step, the layers and the fix."""
+    import lightning as L
+
+    from specmoe.models.tiny import tiny_config
+    from specmoe.training.pretrain import PretrainLM
+
+    torch.set_num_threads(1)
+    module = PretrainLM(tiny_config("gpt_oss", vocab_size=64, **SMALL).to_dict(), lr=1e-6)
+    with torch.no_grad():
+        for layer in module.model.model.layers:
+            layer.mlp.router.bias[:2] = 100.0
+    loader = torch.utils.data.DataLoader([{"input_ids": b} for b in torch.randint(0, 64, (8, 16))], batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, max_steps=50, max_epochs=-1, val_check_interval=2,
+                        check_val_every_n_epoch=None, num_sanity_val_steps=0, default_root_dir=str(tmp_path))
+    with pytest.raises(RouterCollapseError, match=r"at the validation at step 2 \(layer 0: 100%.*balance_rate"):
+        trainer.fit(module, loader, loader)
+    assert trainer.global_step == 2
+
+
+def test_router_losses_are_per_layer():
+    """Two layers collapsed onto different experts look balanced when pooled (HF's loss) but not per layer."""
+    from specmoe.training.router_balance import router_losses
+
+    uniform = torch.zeros(64, 8)
+    aux, z = router_losses([uniform, uniform], top_k=2)
+    assert float(aux) == pytest.approx(1.0) and float(z) == pytest.approx(math.log(8) ** 2)
+    a, b = torch.full((64, 8), -10.0), torch.full((64, 8), -10.0)
+    a[:, :4] = 10.0  # layer 0 uses experts 0-3 only, layer 1 experts 4-7: pooled load is uniform
+    b[:, 4:] = 10.0
+    aux, _ = router_losses([a, b], top_k=2)
+    assert float(aux) == pytest.approx(2.0, rel=1e-3)  # E * (1/4 * 1/4) * 4 = 2: twice the balanced value
+
+
+@pytest.mark.filterwarnings("ignore:You defined a `validation_step` but have no `val_dataloader`")
+def test_bias_balancing_moves_load_to_idle_experts(tmp_path):
+    """DeepSeek-V3-style balancing: the router biases leave the optimizer and move towards balance."""
+    import lightning as L
+
+    from specmoe.models.tiny import tiny_config
+    from specmoe.training.pretrain import PretrainLM
+    from specmoe.training.router_balance import BiasBalancer
+
+    torch.set_num_threads(1)
+    cfg = tiny_config("gpt_oss", vocab_size=64, **{**SMALL, "router_aux_loss_coef": 0.0}).to_dict()
+    module = PretrainLM(cfg, lr=1e-3, balance_rate=0.05, fail_on_collapse=False)
+    with torch.no_grad():
+        for layer in module.model.model.layers:
+            layer.mlp.router.bias[:2] = 0.5  # experts 0 and 1 favoured
+    loader = torch.utils.data.DataLoader([{"input_ids": b} for b in torch.randint(0, 64, (16, 16))], batch_size=4)
+    share = []
+    for steps in (0, 40):
+        if steps:
+            L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, max_steps=steps, max_epochs=-1, limit_val_batches=0,
+                      default_root_dir=str(tmp_path)).fit(module, loader)
+        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                  default_root_dir=str(tmp_path)).validate(module, loader, verbose=False)
+        share.append(max(s["top_k_share"] for s in module.last_balance))
+    biases = [layer.mlp.router.bias for layer in module.model.model.layers]
+    assert all(not b.requires_grad for b in biases)
+    assert all(b[:2].max() < 0.5 for b in biases) and share[1] < share[0]
+    with pytest.raises(Exception, match="no router bias"):
+        BiasBalancer(__import__("transformers").AutoModelForCausalLM.from_config(
+            tiny_config("qwen3_moe")), 0.01)

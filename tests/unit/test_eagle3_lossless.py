@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """EAGLE-3 / GTO drafting: greedy speculative decoding equals autoregressive decoding on the three tiny
-architectures (EcoSpec with the ``draft_head`` predictor on the draft's node features), and the draft's
+architectures with drafts that agree with the target (multi-token acceptance asserted; EcoSpec with the
+``draft_head`` predictor on the draft's node features), and the draft's
 incremental inference computes exactly what training unrolls."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from fixtures.agreeing import MIN_MULTI, multi_token_share
 from fixtures.tiny import random_prompts
 
 from specmoe.decoding.ar import ar_generate
@@ -14,36 +16,19 @@ from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.stopping import StopRule
 from specmoe.interfaces.drafter import Committed
 from specmoe.registry import drafters, predictors, selectors
-from specmoe_plugins.drafters.eagle3.checkpoint import save_eagle3
 from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model
 from specmoe_plugins.drafters.eagle3.ttt import ttt_unroll
 
 MAX_NEW = 16
 
 
-@pytest.fixture(scope="module")
-def saved_draft(tmp_path_factory):
-    """An untrained draft for each arch saved in EAGLE-3 format (loaded through ``path`` as ``gto``)."""
-    root = tmp_path_factory.mktemp("eagle3_drafts")
-    done = {}
-
-    def get(target, arch):
-        if arch not in done:
-            d = drafters.get("eagle3")(init={"seed": 5, "draft_vocab_size": 160})
-            d.setup(target)
-            done[arch] = str(save_eagle3(d.model, root / arch))
-        return done[arch]
-
-    return get
-
-
 @pytest.mark.parametrize("drafter_name", ["eagle3", "gto"])
-def test_greedy_equals_ar(make_target, arch, drafter_name, saved_draft):
-    target = make_target(arch)
-    if drafter_name == "eagle3":
-        drafter = drafters.get("eagle3")(init={"seed": 1, "draft_vocab_size": 200})
-    else:
-        drafter = drafters.get("gto")(path=saved_draft(target, arch))
+def test_greedy_equals_ar(make_predictable, agreeing_drafts, arch, drafter_name):
+    """Every selector, gamma 2/4/6, batch 1 and 3, on the predictable target with a draft built from its
+    weights (``fixtures/agreeing.py``): output == AR, and at least :data:`MIN_MULTI` of the steps of every
+    selector append two or more tokens (so acceptance, KV pruning and feature hand-over of accepted paths run)."""
+    target, _ = make_predictable(arch)
+    drafter = drafters.get(drafter_name)(path=str(agreeing_drafts(arch, "eagle3")))
     drafter.setup(target)
     pred = predictors.get("router_on_embedding")()
     pred.setup(target)
@@ -56,12 +41,16 @@ def test_greedy_equals_ar(make_target, arch, drafter_name, saved_draft):
     assert any(len(r) < MAX_NEW for r in refs)
     for sel_name in ("confidence", "ecospec", "global_cost"):
         engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(), head if sel_name == "ecospec" else pred)
+        gens = []
         for gamma in (2, 4, 6):
             for p, ref in zip(prompts, refs):
                 out = engine.generate([p], budget=gamma, steps=3, top_k=2, temperature=0, stop=stop)
                 assert out.tokens[0] == ref, f"{arch} {drafter_name} {sel_name} gamma={gamma} len {len(p)}"
+                gens.append(out)
         out = engine.generate(prompts, budget=4, steps=3, top_k=2, temperature=0, stop=stop)
         assert out.tokens == refs, f"{arch} {drafter_name} {sel_name} batch"
+        share = multi_token_share(gens + [out])
+        assert share >= MIN_MULTI, f"{arch} {drafter_name} {sel_name}: {share:.2f} of steps accepted a draft"
 
 
 def _tiny_draft(seed: int = 0) -> Eagle3Model:

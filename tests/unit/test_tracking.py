@@ -228,7 +228,8 @@ def test_metric_and_tag_names():
     from specmoe.metrics import METRICS
 
     assert CELL_METRICS == tuple(METRICS)  # the cell metrics are the registry's
-    assert {"speedup", "alpha", "E", "E_pass", "E_pred", "expert_bytes_per_step", "t_pred", "t_draft",
+    assert {"speedup", "alpha", "E", "E_pass", "E_pred", "expert_bytes_per_step",
+            "expert_bytes_per_step_loaded", "t_pred", "t_draft",
             "t_select", "t_verify", "t_total", "rho", "tokens_per_s", "predictor_accuracy",
             "matches_ar"} <= set(CELL_METRICS)
     assert set(cell_tags("m", "d", 0.5, 3, 8, parent="p")) == set(CELL_TAGS)

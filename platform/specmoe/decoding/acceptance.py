@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Acceptance", "target_probs", "greedy_accept", "sample_accept", "accept"]
+__all__ = ["Acceptance", "target_probs", "greedy_accept", "greedy_paths", "sample_accept", "accept"]
 
 
 @dataclass
@@ -59,6 +59,37 @@ def greedy_accept(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tens
         if nxt is None:
             return Acceptance(path, want)
         path.append(nxt)
+
+
+def greedy_paths(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, ancestors: torch.Tensor,
+                 logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`greedy_accept` for a whole batch in a fixed number of tensor operations (no host sync).
+
+    A node is on the accepted path when it and every ancestor below the root carry the target's argmax at
+    their parent and are the first valid child of their parent with that token (the order the sequential walk
+    tries children in). At most one child per node qualifies, so the accepted nodes form one root path.
+
+    Args:
+        tokens, parents, valid: ``[B, M]`` of the verified nodes (parents precede children).
+        ancestors: ``[B, M, M]`` bool ancestor-or-self matrix.
+        logits: ``[B, M, V]``.
+
+    Returns:
+        ``(path [B, M] bool, bonus [B] int64)``: the accepted nodes (root included when valid) and the target's
+        argmax at the deepest of them.
+    """
+    m = tokens.shape[1]
+    best = logits.argmax(dim=-1)  # [B, M]
+    par = parents.clamp(min=0)
+    hit = (tokens == best.gather(1, par)) & valid & (parents >= 0)
+    earlier = torch.ones(m, m, dtype=torch.bool, device=tokens.device).tril(-1)[None]  # j < i
+    child = valid & (parents >= 0)
+    twin = (par[:, :, None] == par[:, None, :]) & (tokens[:, :, None] == tokens[:, None, :]) & child[:, None, :]
+    hit = hit & ~(twin & earlier).any(dim=-1)
+    hit[:, 0] = True  # the root
+    path = ~(ancestors & ~hit[:, None, :]).any(dim=-1) & valid
+    deepest = (path.long() * ancestors.sum(dim=-1)).argmax(dim=-1)  # depth + 1 of path nodes, 0 elsewhere
+    return path, best.gather(1, deepest[:, None])[:, 0]
 
 
 def sample_accept(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, logits: torch.Tensor,

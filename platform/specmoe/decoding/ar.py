@@ -1,15 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """Plain autoregressive decoding with the model's own KV cache and masks: the reference for correctness
-(speculative output must equal it at T = 0) and for speed (speedup is relative to it)."""
+(speculative output must equal it at T = 0) and for speed (speedup is relative to it).
+
+It is an honest baseline: the same cache machinery as ``model.generate`` (the model's own cache), logits of
+the prompt pass at the last position only (as ``generate``), one host read per step at T = 0, and the analysis
+(unique experts) after the timed region.
+"""
 
 from __future__ import annotations
 
-import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from specmoe.decoding.engine import _sync, experts_per_layer, first_token
+from specmoe.decoding.analysis import experts_per_layer
+from specmoe.decoding.clock import PhaseClock
+from specmoe.decoding.engine import _sync, next_tokens
 from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
 from specmoe.interfaces.target import Target
@@ -19,8 +25,12 @@ __all__ = ["ar_generate"]
 
 @torch.no_grad()
 def ar_generate(target: Target, prompts: Sequence[Sequence[int]], *, temperature: float, stop: StopRule,
-                seed: int = 0, capture_routing: bool = True) -> Generation:
-    """Generate one token per target pass; rows of a batch are left-padded as ``generate`` does."""
+                seed: int = 0, capture_routing: bool = True,
+                clock: Callable[[], float] | None = None) -> Generation:
+    """Generate one token per target pass; rows of a batch are left-padded as ``generate`` does.
+
+    ``clock``: host clock of the step timings on non-CUDA devices (see :class:`~specmoe.decoding.clock.PhaseClock`).
+    """
     dev = target.device
     bsz = len(prompts)
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -33,46 +43,50 @@ def ar_generate(target: Target, prompts: Sequence[Sequence[int]], *, temperature
     ids, mask = ids.to(dev), mask.to(dev)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     cache = target.new_standard_cache()
+    timer = PhaseClock(dev, clock)
     _sync(dev)
-    t_start = time.perf_counter()
-    out = target.forward_standard(ids, mask, positions, cache)
+    start = timer.mark()
+    padded = len({len(p) for p in prompts}) > 1  # without padding the model needs no 2D mask (cheaper masks)
+    out = target.forward_standard(ids, mask if padded else None, positions, cache, logits_to_keep=1)
     outputs: list[list[int]] = [[] for _ in range(bsz)]
     active = [True] * bsz
-    nxt = []
+    nxt = next_tokens(out.logits[:, -1], temperature, gen, range(bsz))
     for b in range(bsz):
-        tok = first_token(out.logits[b, -1], temperature, gen)
-        nxt.append(tok)
-        if stop.extend(outputs[b], [tok]):
+        if stop.extend(outputs[b], [nxt[b]]):
             active[b] = False
-    _sync(dev)
-    prefill = time.perf_counter() - t_start
-    pos = positions[:, -1]
+    prefill_end = timer.mark()
+    pos = positions[:, -1:]
+    ones = torch.ones(bsz, 1, dtype=mask.dtype, device=dev)
     records: list[StepRecord] = []
+    routings: list[tuple[torch.Tensor, list[bool]]] = []
+    marks: list[tuple[int, int, int]] = []
     while any(active):
-        t0 = time.perf_counter()
+        t0 = timer.mark()
         pos = pos + 1
-        step_ids = torch.tensor(nxt, dtype=torch.long, device=dev)[:, None]
-        mask = torch.cat([mask, torch.ones(bsz, 1, dtype=mask.dtype, device=dev)], dim=1)
-        out = target.forward_standard(step_ids, mask, pos[:, None], cache, capture_routing=capture_routing)
-        _sync(dev)
-        t1 = time.perf_counter()
-        act = torch.tensor(active, device=dev)
-        e_layers = experts_per_layer(out.routing, act[:, None], target.num_experts) if capture_routing else []
-        e_pass = experts_per_layer(out.routing, torch.ones_like(act[:, None]), target.num_experts) \
-            if capture_routing else None
+        if padded:
+            mask = torch.cat([mask, ones], dim=1)
+        step_ids = torch.tensor(nxt, dtype=torch.long).to(dev, non_blocking=True)[:, None]
+        out = target.forward_standard(step_ids, mask if padded else None, pos, cache, capture_routing=capture_routing)
+        t1 = timer.mark()
+        rows = [b for b in range(bsz) if active[b]]
+        routings.append((out.routing, list(active)))
         accepted = []
-        for b in range(bsz):
-            if not active[b]:
-                continue
-            tok = first_token(out.logits[b, -1], temperature, gen)
+        for b, tok in zip(rows, next_tokens(out.logits[:, -1], temperature, gen, rows)):
             nxt[b] = tok
             before = len(outputs[b])
             if stop.extend(outputs[b], [tok]):
                 active[b] = False
             accepted.append(len(outputs[b]) - before)
-        _sync(dev)
-        t2 = time.perf_counter()
-        records.append(StepRecord(accepted=accepted, verified=[1] * len(accepted), experts_per_layer=e_layers,
-                                  t_verify=t1 - t0, t_total=t2 - t0, pass_experts_per_layer=e_pass))
-    return Generation(tokens=outputs, steps=records, wall_time=time.perf_counter() - t_start,
-                      prefill_time=prefill)
+        t2 = timer.mark()
+        records.append(StepRecord(accepted=accepted, verified=[1] * len(accepted), experts_per_layer=[]))
+        marks.append((t0, t1, t2))
+    timer.sync()
+    end = timer.mark()
+    wall = timer.seconds(start, end)
+    for rec, (routing, act), (t0, t1, t2) in zip(records, routings, marks):  # after the timed region
+        rec.t_verify, rec.t_total = timer.seconds(t0, t1), timer.seconds(t0, t2)
+        if capture_routing:
+            act_t = torch.tensor(act, device=dev)[:, None]
+            rec.experts_per_layer = experts_per_layer(routing, act_t, target.num_experts)
+            rec.pass_experts_per_layer = experts_per_layer(routing, torch.ones_like(act_t), target.num_experts)
+    return Generation(tokens=outputs, steps=records, wall_time=wall, prefill_time=timer.seconds(start, prefill_end))

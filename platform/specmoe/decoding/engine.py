@@ -4,18 +4,30 @@
 Verification is standard and lossless (see :mod:`specmoe.decoding.acceptance`); selectors only choose which
 tree nodes are verified. With a batch, every row is verified in the same target pass and the expert count
 ``E`` is the union across the batch.
+
+A step reads device values on the host twice: the selection (its width, and the contract checks, in one read)
+and the acceptance (accepted paths, their tokens and the bonus tokens, in one read at T = 0; the sampling walk
+of T > 0 reads per node). Timing marks never synchronise (:class:`~specmoe.decoding.clock.PhaseClock`), and
+the analysis of a step (unique experts, cumulative unions, predictor overlap) is computed from the kept
+routing after the timed region (:meth:`SpeculativeEngine.generate` returns when both are done; ``wall_time``
+ends before the analysis). A selector that learns online gets a step's outcome at the end of the step from its
+:class:`StepTrace` (timings: ``clock.seconds`` of its marks, free on a CPU, one wait on a GPU; unique experts:
+:func:`experts_per_layer` of its routing; ``kv_slots``).
 """
 
 from __future__ import annotations
 
-import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
-from specmoe.decoding.acceptance import accept, target_probs
+from specmoe.decoding.acceptance import accept, greedy_paths, target_probs
+from specmoe.decoding.analysis import experts_per_layer, prediction_overlap, routing_stats
+from specmoe.decoding.clock import PhaseClock
 from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
+from specmoe.decoding.tree_builder import pool_size
 from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.predictor import Predictor
 from specmoe.interfaces.selector import Selector
@@ -23,7 +35,7 @@ from specmoe.interfaces.target import Target
 from specmoe.interfaces.tree import DraftTree, is_ancestor_closed
 
 __all__ = ["SpeculativeEngine", "SelectorError", "experts_per_layer", "pad_rows", "first_token",
-           "routing_stats", "prediction_overlap"]
+           "routing_stats", "prediction_overlap", "StepTrace"]
 
 
 class SelectorError(RuntimeError):
@@ -41,49 +53,6 @@ def pad_rows(rows: Sequence[Sequence[int]], device: torch.device, fill: int = 0)
     return ids.to(device), valid.to(device)
 
 
-def experts_per_layer(routing: torch.Tensor, valid: torch.Tensor, num_experts: int) -> list[int]:
-    """Unique experts per MoE layer over valid tokens: ``routing [B, M, L, K]``, ``valid [B, M]``."""
-    r = routing[valid]  # [T, L, K]
-    if r.numel() == 0:
-        return [0] * routing.shape[2]
-    n_layers = r.shape[1]
-    hits = torch.zeros(n_layers, num_experts + 1, dtype=torch.bool, device=r.device)
-    hits.scatter_(1, r.permute(1, 0, 2).reshape(n_layers, -1).clamp(max=num_experts), True)
-    return hits[:, :num_experts].sum(dim=1).tolist()
-
-
-def routing_stats(routing: torch.Tensor, valid: torch.Tensor, num_experts: int) -> tuple[list[float], torch.Tensor]:
-    """Cumulative E over the first k tokens (k = 1..M) and per-expert activation counts ``[L, E]``.
-
-    Args:
-        routing: ``[B, M, L, K]`` chosen experts; valid: ``[B, M]``.
-    """
-    b, m, n_layers, _ = routing.shape
-    hits = torch.zeros(b, m, n_layers, num_experts + 1, dtype=torch.bool, device=routing.device)
-    hits.scatter_(-1, routing.clamp(max=num_experts), True)
-    hits = hits[..., :num_experts] & valid[:, :, None, None]
-    cum = hits.cummax(dim=1).values.any(dim=0)  # [M, L, E]
-    cumulative = cum.sum(dim=-1).float().mean(dim=-1).tolist()
-    return cumulative, hits.sum(dim=(0, 1))
-
-
-def prediction_overlap(experts: torch.Tensor, order: torch.Tensor, valid: torch.Tensor,
-                       routing: torch.Tensor) -> tuple[int, int]:
-    """Top-K overlap of predicted and actual experts of the verified nodes.
-
-    Args:
-        experts: ``[B, N, L, E]`` predicted sets of the pool; order: ``[B, M]`` pool index of each verified
-            node; valid: ``[B, M]``; routing: ``[B, M, L, K]`` the router's choice in the verification pass.
-
-    Returns:
-        ``(hits, total)`` with total = valid tokens x L x K.
-    """
-    b, m = order.shape
-    pred = experts.gather(1, order[:, :, None, None].expand(b, m, *experts.shape[2:]))  # [B, M, L, E]
-    hit = pred.gather(-1, routing) & valid[:, :, None, None]
-    return int(hit.sum()), int(valid.sum()) * routing.shape[2] * routing.shape[3]
-
-
 def first_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     """Next token from ``[V]`` logits: argmax at T = 0, else a sample of softmax(logits / T)."""
     if temperature <= 0:
@@ -91,9 +60,43 @@ def first_token(logits: torch.Tensor, temperature: float, generator: torch.Gener
     return int(torch.multinomial(target_probs(logits, temperature), 1, generator=generator))
 
 
+def next_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
+                rows: Sequence[int]) -> list[int]:
+    """:func:`first_token` of ``logits [B, V]`` for ``rows`` (one host read at T = 0; at T > 0 the rows
+    draw in order from ``generator``)."""
+    if temperature <= 0:
+        best = logits.argmax(dim=-1).tolist()
+        return [best[b] for b in rows]
+    return [first_token(logits[b], temperature, generator) for b in rows]
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@dataclass
+class StepTrace:
+    """What a step keeps for its analysis after the timed region (device tensors, no copies).
+
+    Attributes:
+        routing: ``[B, W, L, K]`` the router's choice in the verification pass.
+        valid: ``[B, W]`` verified nodes (padding and finished rows excluded).
+        order: ``[B, W]`` pool index of each verified node.
+        experts: ``[B, N, L, E]`` predicted sets of the pool (``None`` without predictions).
+        selected: ``[B, N]`` the selection.
+        kv_slots: cached KV slots per row before the verification pass.
+        marks: the step's :class:`~specmoe.decoding.clock.PhaseClock` marks: start, drafted, predicted,
+            selected, verified, end (``clock.seconds(marks[3], marks[4])`` is T_verify).
+    """
+
+    routing: torch.Tensor
+    valid: torch.Tensor
+    order: torch.Tensor
+    experts: torch.Tensor | None
+    selected: torch.Tensor
+    kv_slots: int
+    marks: tuple[int, ...]
 
 
 class SpeculativeEngine:
@@ -104,32 +107,60 @@ class SpeculativeEngine:
         drafter: proposes candidate pools (already ``setup`` on the target).
         selector: chooses the nodes to verify.
         predictor: expert-set predictor (needed when ``selector.needs_experts``).
+        clock: host clock for the phase timings on non-CUDA devices (default ``time.perf_counter``; a shared CPU
+            machine may prefer ``time.thread_time``).
     """
 
     def __init__(self, target: Target, drafter: Drafter, selector: Selector,
-                 predictor: Predictor | None = None) -> None:
+                 predictor: Predictor | None = None, clock: Callable[[], float] | None = None) -> None:
         if selector.needs_experts and predictor is None:
             raise ValueError(f"selector {type(selector).__name__} needs expert predictions: give a predictor")
         self.target = target
         self.drafter = drafter
         self.selector = selector
         self.predictor = predictor
+        self.clock = clock
 
     # ------------------------------------------------------------------ helpers
-    def _check_selection(self, tree: DraftTree, sel: torch.Tensor, budget: int) -> None:
+    def _selection_width(self, tree: DraftTree, sel: torch.Tensor, budget: int) -> int:
+        """The longest row's selected nodes, after checking the selector's contract (one host read)."""
         name = type(self.selector).__name__
-        active = tree.valid[:, 0]
         if sel.shape != tree.tokens.shape or sel.dtype != torch.bool:
             raise SelectorError(f"selector {name} returned {tuple(sel.shape)} {sel.dtype}; expected "
                                 f"{tuple(tree.tokens.shape)} bool")
-        if bool((sel & ~tree.valid).any()):
+        counts = sel.sum(dim=1)
+        active = tree.valid[:, 0]
+        flags = torch.stack([counts.max(), (sel & ~tree.valid).any(),
+                             (~is_ancestor_closed(tree.parents, sel) & active).any(), (counts > budget).any()])
+        width, padding, open_, over = flags.tolist()
+        if padding:
             raise SelectorError(f"selector {name} selected padding (invalid) nodes")
-        closed = is_ancestor_closed(tree.parents, sel)
-        if bool((~closed & active).any()):
+        if open_:
             raise SelectorError(f"selector {name} returned a node set that is not ancestor-closed or lacks "
                                 f"the root (every selected node's parent must be selected)")
-        if bool((sel.sum(dim=1) > budget).any()):
+        if over:
             raise SelectorError(f"selector {name} selected more than budget={budget} nodes")
+        return max(int(width), 1)
+
+    @staticmethod
+    def _accept(vt: DraftTree, logits: torch.Tensor, temperature: float, gen: torch.Generator,
+                rows: Sequence[int]) -> dict[int, tuple[list[int], list[int]]]:
+        """``{row: (accepted node indices, committed tokens)}`` for the active ``rows``."""
+        if temperature <= 0:
+            path, bonus = greedy_paths(vt.tokens, vt.parents, vt.valid, vt.ancestors(), logits)
+            host = torch.cat([path.long(), vt.tokens, bonus[:, None]], dim=1).tolist()  # one host read
+            w = path.shape[1]
+            out = {}
+            for b in rows:
+                flags, toks = host[b][:w], host[b][w:2 * w]
+                nodes = [i for i in range(w) if flags[i]]
+                out[b] = (nodes, [toks[i] for i in nodes[1:]] + [host[b][-1]])
+            return out
+        out = {}
+        for b in rows:
+            res = accept(vt.tokens[b], vt.parents[b], vt.valid[b], logits[b], temperature, gen)
+            out[b] = (res.path, vt.tokens[b, res.path[1:]].tolist() + [res.bonus])
+        return out
 
     # ------------------------------------------------------------------ main loop
     @torch.no_grad()
@@ -142,26 +173,25 @@ class SpeculativeEngine:
         bsz = len(prompts)
         gen = torch.Generator(device=dev).manual_seed(seed)
         feat_layers = self.drafter.feature_layers
+        clock = PhaseClock(dev, self.clock)
         _sync(dev)
-        t_start = time.perf_counter()
+        start = clock.mark()
 
         # ---- prefill: the prompt, one pass; the first token comes from the target
-        kv = target.new_kv(bsz)
+        lens = [len(p) for p in prompts]
+        kv = target.new_kv(bsz, capacity=max(lens) + stop.max_new_tokens + pool_size(steps, top_k) + budget)
         ids, valid = pad_rows(prompts, dev)
         m = ids.shape[1]
         pos = torch.arange(m, device=dev).expand(bsz, m)
-        out = target.forward(ids, kv, pos, None, valid, hidden_layers=feat_layers)
+        last = torch.tensor(lens, device=dev)[:, None] - 1
+        out = target.forward(ids, kv, pos, None, valid, hidden_layers=feat_layers, logits_at=last)
         outputs: list[list[int]] = [[] for _ in range(bsz)]
-        active = torch.ones(bsz, dtype=torch.bool, device=dev)
-        lens = [len(p) for p in prompts]
-        roots = []
-        for b in range(bsz):
-            tok = first_token(out.logits[b, lens[b] - 1], temperature, gen)
-            roots.append(tok)
+        active = [True] * bsz
+        roots = next_tokens(out.logits[:, 0], temperature, gen, range(bsz))
+        for b, tok in enumerate(roots):
             if stop.extend(outputs[b], [tok]):
                 active[b] = False
-        committed_rows = [list(p) + [r] for p, r in zip(prompts, roots)]
-        c_ids, c_valid = pad_rows(committed_rows, dev)
+        c_ids, c_valid = pad_rows([list(p) + [r] for p, r in zip(prompts, roots)], dev)
         feats = None
         if feat_layers:
             h = out.hidden  # [B, m, F]; token i's feature is the hidden state at position i - 1
@@ -169,95 +199,97 @@ class SpeculativeEngine:
             feats[:, 1:m + 1] = h
         committed = Committed(c_ids, c_valid, torch.arange(c_ids.shape[1], device=dev).expand_as(c_ids),
                               feats, first=True)
-        _sync(dev)
-        prefill_time = time.perf_counter() - t_start
+        prefill_end = clock.mark()
 
         d_state = self.drafter.begin(bsz)
         p_state = self.predictor.begin(bsz) if self.predictor is not None else None
         records: list[StepRecord] = []
-        counts_le = torch.zeros(target.num_moe_layers, target.num_experts, dtype=torch.long, device=dev)
-        while bool(active.any()):
-            t0 = time.perf_counter()
+        traces: list[StepTrace] = []
+        active_t = torch.tensor(active, device=dev)
+        while any(active):
+            t0 = clock.mark()
             tree = self.drafter.draft(d_state, committed, steps, top_k)
-            tree.valid = tree.valid & active[:, None]
-            _sync(dev)
-            t1 = time.perf_counter()
+            tree.valid = tree.valid & active_t[:, None]
+            t1 = clock.mark()
             experts = None
             if self.predictor is not None:
                 self.predictor.observe(p_state, committed)
                 if self.selector.needs_experts:
                     experts = self.predictor.predict(p_state, tree)
-            _sync(dev)
-            t2 = time.perf_counter()
-            sel = self.selector.select(tree, budget, experts, buffer)
-            sel = sel & active[:, None]
-            self._check_selection(tree, sel, budget)
-            t3 = time.perf_counter()
+            t2 = clock.mark()
+            sel = self.selector.select(tree, budget, experts, buffer) & active_t[:, None]
+            width = self._selection_width(tree, sel, budget)
+            t3 = clock.mark()
 
             # ---- verify the selected nodes in one target pass
-            counts = sel.sum(dim=1)
-            width = max(int(counts.max()), 1)
             order = torch.argsort((~sel).to(torch.int8), dim=1, stable=True)[:, :width]
-            order_valid = torch.arange(width, device=dev)[None, :] < counts[:, None]
+            order_valid = torch.arange(width, device=dev)[None, :] < sel.sum(dim=1)[:, None]
             vt = tree.subset(order, order_valid)
             base = kv.next_position()
-            positions = base[:, None] + vt.depth
-            vout = target.forward(vt.tokens, kv, positions, vt.ancestors(), vt.valid,
+            kv_slots = kv.num_slots
+            vout = target.forward(vt.tokens, kv, base[:, None] + vt.depth, vt.ancestors(), vt.valid,
                                   hidden_layers=feat_layers, capture_routing=True)
-            _sync(dev)
-            t4 = time.perf_counter()
+            t4 = clock.mark()
 
             # ---- accept, prune caches, stop rules
-            keep = torch.zeros(bsz, width, dtype=torch.bool, device=dev)
+            rows = [b for b in range(bsz) if active[b]]
+            acc = self._accept(vt, vout.logits, temperature, gen, rows)
+            paths: list[list[int]] = [[] for _ in range(bsz)]
             new_rows: list[list[int]] = [[] for _ in range(bsz)]
-            feat_rows: list[torch.Tensor | None] = [None] * bsz
             accepted, verified = [], []
-            for b in range(bsz):
-                if not bool(active[b]):
-                    continue
-                res = accept(vt.tokens[b], vt.parents[b], vt.valid[b], vout.logits[b], temperature, gen)
-                keep[b, res.path] = True
-                toks = vt.tokens[b, res.path[1:]].tolist() + [res.bonus]
-                new_rows[b] = toks
-                if vout.hidden is not None:
-                    feat_rows[b] = vout.hidden[b, res.path]
+            for b in rows:
+                paths[b], new_rows[b] = acc[b]
                 before = len(outputs[b])
-                if stop.extend(outputs[b], toks):
+                if stop.extend(outputs[b], new_rows[b]):
                     active[b] = False
                 accepted.append(len(outputs[b]) - before)
-                verified.append(int(counts[b]))
-            kv.keep_last(width, keep)
-            committed = self._committed(new_rows, feat_rows, base, dev)
-            e_layers = experts_per_layer(vout.routing, vt.valid, target.num_experts)
-            cumulative, step_counts = routing_stats(vout.routing, vt.valid, target.num_experts)
-            counts_le += step_counts
-            pred_layers, hits, total = None, 0, 0
-            if experts is not None:
-                picked = (experts & sel[:, :, None, None]).any(dim=1).any(dim=0)  # [L, E]
-                pred_layers = picked.sum(dim=1).tolist()
-                hits, total = prediction_overlap(experts, order, vt.valid, vout.routing)
-            _sync(dev)
-            t5 = time.perf_counter()
-            records.append(StepRecord(accepted=accepted, verified=verified, experts_per_layer=e_layers,
-                                      predicted_per_layer=pred_layers, t_draft=t1 - t0, t_pred=t2 - t1,
-                                      t_select=t3 - t2, t_verify=t4 - t3, t_total=t5 - t0,
-                                      cumulative_experts=cumulative, pred_hits=hits, pred_total=total,
-                                      pass_experts_per_layer=experts_per_layer(
-                                          vout.routing, torch.ones_like(vt.valid), target.num_experts)))
-        wall = time.perf_counter() - t_start
+            kv.keep_last(width, paths)
+            committed = self._committed(new_rows, paths, vout.hidden, base, dev)
+            if not all(active[b] for b in rows):
+                active_t = torch.tensor(active, device=dev)
+            t5 = clock.mark()
+            records.append(StepRecord(accepted=accepted, verified=verified, experts_per_layer=[]))
+            traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel, kv_slots, (t0, t1, t2, t3, t4, t5)))
+        clock.sync()
+        end = clock.mark()
+        wall = clock.seconds(start, end)
+        prefill_time = clock.seconds(start, prefill_end)
+        counts_le = self._analyse(records, traces, clock)
         return Generation(tokens=outputs, steps=records, wall_time=wall, prefill_time=prefill_time,
                           expert_counts=counts_le.tolist())
 
+    def _analyse(self, records: list[StepRecord], traces: list[StepTrace], clock: PhaseClock) -> torch.Tensor:
+        """Fill the records' timings and analysis fields (after the timed region); returns the ``[L, E]``
+        activation counts of the verified tokens."""
+        target = self.target
+        n_exp = target.num_experts
+        counts_le = torch.zeros(target.num_moe_layers, n_exp, dtype=torch.long, device=target.device)
+        for rec, tr in zip(records, traces):
+            t0, t1, t2, t3, t4, t5 = tr.marks
+            rec.t_draft, rec.t_pred, rec.t_select = clock.seconds(t0, t1), clock.seconds(t1, t2), clock.seconds(t2, t3)
+            rec.t_verify, rec.t_total = clock.seconds(t3, t4), clock.seconds(t0, t5)
+            counts = tr.valid.sum(dim=1).tolist()
+            rec.verified = [c for c in counts if c > 0]
+            rec.experts_per_layer = experts_per_layer(tr.routing, tr.valid, n_exp)
+            rec.pass_experts_per_layer = experts_per_layer(tr.routing, torch.ones_like(tr.valid), n_exp)
+            rec.cumulative_experts, step_counts = routing_stats(tr.routing, tr.valid, n_exp)
+            counts_le += step_counts
+            if tr.experts is not None:
+                picked = (tr.experts & tr.selected[:, :, None, None]).any(dim=1).any(dim=0)  # [L, E]
+                rec.predicted_per_layer = picked.sum(dim=1).tolist()
+                rec.pred_hits, rec.pred_total = prediction_overlap(tr.experts, tr.order, tr.valid, tr.routing)
+        return counts_le
+
     @staticmethod
-    def _committed(rows: list[list[int]], feats: list[torch.Tensor | None], base: torch.Tensor,
-                   dev: torch.device) -> Committed:
+    def _committed(rows: list[list[int]], paths: list[list[int]], hidden: torch.Tensor | None,
+                   base: torch.Tensor, dev: torch.device) -> Committed:
+        """The next step's :class:`Committed`: each row's new tokens, and as their features the verification
+        pass's hidden states at the accepted path (the position before each token)."""
         ids, valid = pad_rows(rows, dev)
         positions = base[:, None] + 1 + torch.arange(ids.shape[1], device=dev)[None, :]
         features = None
-        real = [f for f in feats if f is not None]
-        if real:
-            features = torch.zeros(ids.shape[0], ids.shape[1], real[0].shape[-1], dtype=real[0].dtype, device=dev)
-            for b, f in enumerate(feats):
-                if f is not None:
-                    features[b, :f.shape[0]] = f
+        if hidden is not None:
+            idx, _ = pad_rows(paths, dev)
+            features = hidden.gather(1, idx[:, :, None].expand(-1, -1, hidden.shape[-1]))
+            features = features * valid[:, :, None].to(features.dtype)
         return Committed(ids, valid, positions, features, first=False)

@@ -85,8 +85,9 @@ def build_pool(root_tokens: torch.Tensor, root_logp: torch.Tensor, expand: Expan
         best = cu.topk(top_k, dim=-1).indices  # [B, k]
         frontier = new_idx[best]
         nxt += top_k * top_k
+    anc |= torch.eye(n, dtype=torch.bool, device=dev)  # strict ancestors -> ancestor-or-self, kept by the tree
     return DraftTree(tokens=tokens, parents=parents, depth=depth, logp=logp, path_logp=path,
-                     valid=torch.ones(bsz, n, dtype=torch.bool, device=dev))
+                     valid=torch.ones(bsz, n, dtype=torch.bool, device=dev), anc=anc)
 
 
 def proposer_features(parents: torch.Tensor, states: torch.Tensor, root_feature: torch.Tensor) -> torch.Tensor:

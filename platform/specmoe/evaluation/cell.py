@@ -72,19 +72,20 @@ def run_batch(method: Any, batch: Sequence[Sample], render: Render, decode: Call
 
 
 def cell_data(batches: Sequence[dict[str, Any]], temperature: float, bytes_per_expert: int,
-              num_moe_layers: int) -> CellData:
+              num_moe_layers: int, bytes_per_expert_loaded: int = 0) -> CellData:
     """The metrics input of a cell from its batch records (in sample order)."""
     return CellData(steps=[s for b in batches for s in b["steps"]],
                     batches=[BatchTiming(b["new_tokens"], b["seconds"]) for b in batches],
                     outputs=[[t for turn in smp["tokens"] for t in turn] for b in batches for smp in b["samples"]],
-                    temperature=temperature, bytes_per_expert=bytes_per_expert, num_moe_layers=num_moe_layers)
+                    temperature=temperature, bytes_per_expert=bytes_per_expert,
+                    bytes_per_expert_loaded=bytes_per_expert_loaded, num_moe_layers=num_moe_layers)
 
 
 def build_cell(batches: Sequence[dict[str, Any]], *, method: str, dataset: str, temperature: float, budget: int,
                batch_size: int, autoregressive: bool, analysis_only: bool, bytes_per_expert: int,
-               num_moe_layers: int) -> tuple[CellResult, CellData]:
+               num_moe_layers: int, bytes_per_expert_loaded: int = 0) -> tuple[CellResult, CellData]:
     """The cell (metrics computed from the batches alone) and its metrics input (for :func:`derive`)."""
-    data = cell_data(batches, temperature, bytes_per_expert, num_moe_layers)
+    data = cell_data(batches, temperature, bytes_per_expert, num_moe_layers, bytes_per_expert_loaded)
     per_sample, outputs, counts = [], [], None
     for b in batches:
         tps = b["new_tokens"] / b["seconds"] if b["seconds"] > 0 else 0.0

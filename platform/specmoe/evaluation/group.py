@@ -58,7 +58,8 @@ class EvalGroup:
         render / decode: prompt rendering and detokenization.
         decoding: ``steps``, ``top_k`` and the :class:`~specmoe.decoding.stopping.StopRule` ``stop``.
         warmup, seed: untimed generations per member before its first timed batch; sampling seed.
-        target_facts: ``bytes_per_expert`` and ``num_moe_layers`` of the target.
+        target_facts: ``bytes_per_expert`` (stored precision), ``bytes_per_expert_loaded`` and
+            ``num_moe_layers`` of the target.
         progress: a tqdm-like bar (``update(n)``).
     """
 

@@ -122,7 +122,8 @@ class Evaluator:
     def groups(self, progress: Any = None) -> list[EvalGroup]:
         cfg, d = self.cfg, self.cfg.decoding
         members = self._members()
-        facts = {"bytes_per_expert": int(self.target.bytes_per_expert),
+        facts = {"bytes_per_expert": int(self.target.bytes_per_expert_stored),
+                 "bytes_per_expert_loaded": int(self.target.bytes_per_expert),
                  "num_moe_layers": int(self.target.num_moe_layers)}
         decoding = {"steps": d.steps, "top_k": d.top_k, "stop": self._stop()}
         out = []

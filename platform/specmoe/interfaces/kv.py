@@ -1,54 +1,187 @@
 # SPDX-License-Identifier: Apache-2.0
 """KV cache state for tree decoding on Hugging Face models (targets and HF draft models).
 
-Every cache layer is a full (non-sliding) ``DynamicLayer``; sliding-window attention is applied through the
-mask from the absolute position of every cached slot. This keeps pruning after acceptance one gather per
-layer for all layer kinds (a sliding ``DynamicSlidingWindowLayer`` would already have dropped context that
-a rejected tree token displaced).
+Every attention layer keeps its keys and values in preallocated buffers ``[B, H, capacity, D]`` that a forward
+pass writes in place (:class:`SlotLayer`); the model attends over the filled prefix (a view, no copy). When a
+pass would overflow the capacity, the buffers double (an amortised copy, never one per step). Every layer is
+a full (non-sliding) layer: sliding-window attention is applied through the mask from the absolute position of
+every cached slot, so a rejected tree token never displaces context.
 
-Slots are tracked per row: ``pos [B, S]`` (absolute position) and ``valid [B, S]``, so rows of a batch
-may hold different numbers of committed tokens (padding slots are masked out).
+Slots are tracked per row: ``pos [B, S]`` (absolute position) and ``valid [B, S]``, so rows of a batch may hold
+different numbers of committed tokens (padding slots are masked out). Pruning after acceptance
+(:meth:`KVState.keep_last`) touches only the slots of the last pass: the kept ones are moved to the front of
+that region, a few positions per layer, whatever the context length.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Sequence
+
 import torch
 
-__all__ = ["KVState", "additive_mask"]
+__all__ = ["KVState", "SlotLayer", "slot_cache", "additive_mask"]
+
+#: slots a fresh buffer holds when no capacity was asked for
+_MIN_CAPACITY = 64
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool ``[...]`` -> float mask with 0 where allowed and ``finfo(dtype).min`` elsewhere."""
-    out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return out.masked_fill_(~allowed, torch.finfo(dtype).min)
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)
+
+
+def _grown(buf: torch.Tensor, length: int, need: int) -> torch.Tensor:
+    """A buffer like ``buf`` (slots on dim 2) with room for ``need`` slots, holding its first ``length``."""
+    cap = max(need, 2 * buf.shape[2])
+    out = buf.new_empty(*buf.shape[:2], cap, *buf.shape[3:])
+    out.narrow(2, 0, length).copy_(buf.narrow(2, 0, length))
+    return out
+
+
+class SlotLayer:
+    """Keys and values of one attention layer in preallocated buffers, written in place.
+
+    Implements the ``transformers`` cache-layer protocol that the attention modules use (``update``,
+    ``get_seq_length``, ``get_mask_sizes``); :class:`KVState` prunes it.
+    """
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = capacity
+        self.length = 0
+        self.keys: torch.Tensor | None = None  # [B, H, length, D] views of the buffers
+        self.values: torch.Tensor | None = None
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self.is_initialized = False
+        self.device: torch.device | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        cap = max(self.capacity, key_states.shape[-2], _MIN_CAPACITY)
+        self.device = key_states.device
+        self._k = key_states.new_empty(*key_states.shape[:2], cap, key_states.shape[-1])
+        self._v = value_states.new_empty(*value_states.shape[:2], cap, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append ``[B, H, N, D]`` keys / values; returns the filled ``[B, H, S + N, D]`` views."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        end = self.length + n
+        if end > self._k.shape[2]:
+            self._k, self._v = _grown(self._k, self.length, end), _grown(self._v, self.length, end)
+        self._k.narrow(2, self.length, n).copy_(key_states)
+        self._v.narrow(2, self.length, n).copy_(value_states)
+        self._set_length(end)
+        return self.keys, self.values
+
+    def _set_length(self, length: int) -> None:
+        self.length = length
+        if self._k is not None:
+            self.keys = self._k.narrow(2, 0, length)
+            self.values = self._v.narrow(2, 0, length)
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def truncate(self, length: int) -> None:
+        """Forget the slots from ``length`` on (nothing is copied)."""
+        self._set_length(min(length, self.length))
+
+    def move(self, start: int, src: torch.Tensor) -> None:
+        """Slots ``start + src[j]`` -> ``start + j`` for ``j < len(src)`` (``src [M]`` ascending, on any
+        device), then keep ``start + M`` slots. Reads and writes only ``M`` slots."""
+        if self._k is None:
+            return
+        idx = src.to(self._k.device) + start
+        m = int(src.shape[0])
+        for buf in (self._k, self._v):
+            buf.narrow(2, start, m).copy_(buf.index_select(2, idx))
+        self._set_length(start + m)
+
+    def compact(self, start: int, order: torch.Tensor, length: int) -> None:
+        """Row-wise reorder of the slots from ``start`` on: ``order [B, n]`` (slot offsets, per row the kept
+        ones first), then keep ``length`` slots. Reads and writes only the ``n`` slots of that region."""
+        if self._k is None:
+            return
+        n = order.shape[1]
+        idx = order.to(self._k.device)
+        for buf in (self._k, self._v):
+            region = buf.narrow(2, start, n)
+            gathered = region.gather(2, idx[:, None, :, None].expand(buf.shape[0], buf.shape[1], n, buf.shape[3]))
+            region.copy_(gathered)
+        self._set_length(length)
+
+    def reset(self) -> None:
+        self._set_length(0)
+
+
+def slot_cache(capacity: int = 0):
+    """A ``transformers`` ``DynamicCache`` (models check the type) whose lazily created layers are
+    :class:`SlotLayer` buffers of ``capacity`` slots."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = functools.partial(SlotLayer, capacity)
+    return cache
 
 
 class KVState:
-    """A ``transformers`` ``DynamicCache`` plus the position and validity of each cached slot.
+    """A cache of :class:`SlotLayer` buffers plus the position and validity of each cached slot.
 
     Args:
         batch_size: rows ``B``.
         device: where the position/validity tensors live.
+        capacity: slots to preallocate per row (the cache grows by doubling beyond it).
     """
 
-    def __init__(self, batch_size: int, device: torch.device | str = "cpu") -> None:
-        from transformers import DynamicCache
+    def __init__(self, batch_size: int, device: torch.device | str = "cpu", capacity: int = 0) -> None:
+        cap = max(int(capacity), _MIN_CAPACITY)
+        self.cache = slot_cache(cap)
+        self._pos = torch.zeros(batch_size, cap, dtype=torch.long, device=device)
+        self._valid = torch.zeros(batch_size, cap, dtype=torch.bool, device=device)
+        self._len = 0
 
-        self.cache = DynamicCache()
-        self.pos = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
-        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
+    @property
+    def pos(self) -> torch.Tensor:
+        """``[B, S]`` absolute position of every cached slot."""
+        return self._pos.narrow(1, 0, self._len)
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """``[B, S]`` bool: the slot holds a committed (or current-pass) token of its row."""
+        return self._valid.narrow(1, 0, self._len)
 
     @property
     def batch_size(self) -> int:
-        return int(self.pos.shape[0])
+        return int(self._pos.shape[0])
 
     @property
     def num_slots(self) -> int:
-        return int(self.pos.shape[1])
+        return self._len
+
+    @property
+    def capacity(self) -> int:
+        return int(self._pos.shape[1])
 
     def next_position(self) -> torch.Tensor:
         """``[B]`` the position of the next token of each row (number of committed valid tokens)."""
         return self.valid.sum(dim=1)
+
+    def _layers(self) -> list[SlotLayer]:
+        return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
 
     # ---------------------------------------------------------------- masks
     def allowed(self, q_pos: torch.Tensor, attend: torch.Tensor, q_valid: torch.Tensor,
@@ -63,77 +196,99 @@ class KVState:
             cached_attend: ``[B, N, S]`` bool, extra restriction on cached slots (drafters keep uncommitted
                 tree nodes in the cache while they expand a tree; a node sees only its own ancestors).
         """
-        b, n = q_pos.shape
-        old = self.valid[:, None, :].expand(b, n, self.num_slots)
+        return self.masks(q_pos, attend, q_valid, [sliding_window], cached_attend, None)[0]
+
+    def masks(self, q_pos: torch.Tensor, attend: torch.Tensor, q_valid: torch.Tensor,
+              windows: Sequence[int | None], cached_attend: torch.Tensor | None = None,
+              dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+        """One mask ``[B, 1, N, S + N]`` per entry of ``windows`` (``None``: full attention), sharing the work
+        that does not depend on the window: bool masks (:meth:`allowed`), or additive float masks of
+        ``dtype``."""
+        n = q_pos.shape[1]
+        keys_pos = torch.cat([self.pos, q_pos], dim=1)  # [B, S + N]
+        old = self.valid[:, None, :] & q_valid[:, :, None]
         if cached_attend is not None:
             old = old & cached_attend
-        new = attend & q_valid[:, None, :]
-        if sliding_window is not None:
-            old = old & ((q_pos[:, :, None] - self.pos[:, None, :]) < sliding_window)
-            new = new & ((q_pos[:, :, None] - q_pos[:, None, :]) < sliding_window)
         eye = torch.eye(n, dtype=torch.bool, device=q_pos.device)[None]
-        new = new | (eye & ~q_valid[:, :, None])
-        old = old & q_valid[:, :, None]
-        return torch.cat([old, new], dim=2)[:, None]
+        new = (attend & q_valid[:, None, :] & q_valid[:, :, None]) | (eye & ~q_valid[:, :, None])
+        base = torch.cat([old, new], dim=2)
+        out = []
+        for window in windows:
+            allowed = base
+            if window is not None:
+                allowed = base & ((q_pos[:, :, None] - keys_pos[:, None, :]) < window)
+            allowed = allowed[:, None]
+            out.append(allowed if dtype is None else additive_mask(allowed, dtype))
+        return out
 
     def mask(self, q_pos: torch.Tensor, attend: torch.Tensor, q_valid: torch.Tensor, dtype: torch.dtype,
              sliding_window: int | None = None, cached_attend: torch.Tensor | None = None) -> torch.Tensor:
         """Additive float mask ``[B, 1, N, S + N]`` for eager/sdpa attention (see :meth:`allowed`)."""
-        return additive_mask(self.allowed(q_pos, attend, q_valid, sliding_window, cached_attend), dtype)
+        return self.masks(q_pos, attend, q_valid, [sliding_window], cached_attend, dtype)[0]
 
     # ---------------------------------------------------------------- bookkeeping
     def append(self, q_pos: torch.Tensor, q_valid: torch.Tensor) -> None:
         """Record ``N`` slots that a forward pass just appended to every cache layer."""
-        self.pos = torch.cat([self.pos, q_pos], dim=1)
-        self.valid = torch.cat([self.valid, q_valid], dim=1)
+        n = q_pos.shape[1]
+        end = self._len + n
+        if end > self._pos.shape[1]:
+            cap = max(end, 2 * self._pos.shape[1])
+            pos = self._pos.new_zeros(self._pos.shape[0], cap)
+            valid = self._valid.new_zeros(self._valid.shape[0], cap)
+            pos.narrow(1, 0, self._len).copy_(self.pos)
+            valid.narrow(1, 0, self._len).copy_(self.valid)
+            self._pos, self._valid = pos, valid
+        self._pos.narrow(1, self._len, n).copy_(q_pos)
+        self._valid.narrow(1, self._len, n).copy_(q_valid)
+        self._len = end
 
-    def _layers(self):
-        return [layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None
-                and layer.keys.numel() > 0]
+    def keep_last(self, n_new: int, keep: torch.Tensor | Sequence[Sequence[int]]) -> None:
+        """Keep all older slots and, of the last ``n_new`` slots, the kept ones.
 
-    def keep_last(self, n_new: int, keep: torch.Tensor) -> None:
-        """Keep all older slots and, of the last ``n_new`` slots, those where ``keep [B, n_new]`` is True.
+        Args:
+            n_new: slots of the last pass.
+            keep: ``[B, n_new]`` bool, or per row the ascending offsets (``< n_new``) of the kept slots.
 
-        Kept slots stay in their order (tree node order is parent-before-child, so an accepted path keeps
-        its order). With ``B > 1`` every row is left-compacted and rows that keep fewer slots end with invalid
-        padding slots.
+        Kept slots stay in their order (tree node order is parent-before-child, so an accepted path keeps its
+        order) and move to the front of the last pass's region; only that region is read and written. With
+        ``B > 1`` rows that keep fewer slots end with invalid padding slots.
         """
-        s_old = self.num_slots - n_new
-        b = self.batch_size
-        if b == 1:
-            idx_new = keep[0].nonzero().squeeze(1)
-            a = int(idx_new.numel())
-            if a == 0 or bool((idx_new == torch.arange(a, device=idx_new.device)).all()):
-                self._crop(s_old + a)
-                return
-            index = torch.cat([torch.arange(s_old, device=keep.device), s_old + idx_new])[None]
-            self._gather(index, torch.ones_like(index, dtype=torch.bool))
-            return
-        full = torch.cat([self.valid[:, :s_old], keep & self.valid[:, s_old:]], dim=1)
-        counts = full.sum(dim=1)
-        m = int(counts.max())
-        index = torch.argsort((~full).to(torch.int8), dim=1, stable=True)[:, :m]  # kept slots first, in order
-        index_valid = torch.arange(m, device=keep.device)[None, :] < counts[:, None]
-        self._gather(index, index_valid)
+        if isinstance(keep, torch.Tensor):
+            flags = keep.tolist()
+            keep = [[j for j, f in enumerate(row) if f] for row in flags]
+        s_old = self._len - n_new
+        counts = [len(row) for row in keep]
+        top = max(counts, default=0)
+        if all(list(row) == list(range(len(row))) for row in keep):  # a prefix per row: nothing moves
+            self._truncate(s_old + top)
+        elif len(keep) == 1:
+            src = torch.tensor(list(keep[0]), dtype=torch.long)
+            for layer in self._layers():
+                layer.move(s_old, src)
+            dev = self._pos.device
+            for buf in (self._pos, self._valid):
+                buf.narrow(1, s_old, top).copy_(buf.narrow(1, s_old, n_new).index_select(1, src.to(dev)))
+            self._len = s_old + top
+        else:
+            order = [list(row) + sorted(set(range(n_new)) - set(row)) for row in keep]
+            idx = torch.tensor(order, dtype=torch.long)
+            for layer in self._layers():
+                layer.compact(s_old, idx, s_old + top)
+            idx = idx.to(self._pos.device)
+            for buf in (self._pos, self._valid):
+                region = buf.narrow(1, s_old, n_new)
+                region.copy_(region.gather(1, idx))
+            self._len = s_old + top
+        if len(keep) > 1 and min(counts) < top:  # shorter rows: their tail slots are padding
+            tail = torch.arange(top)[None, :] >= torch.tensor(counts)[:, None]
+            region = self._valid.narrow(1, s_old, top)
+            region.masked_fill_(tail.to(region.device), False)
 
     def drop_last(self, n: int) -> None:
         """Forget the last ``n`` slots (e.g. after a look-ahead pass whose results are not committed)."""
-        self._crop(self.num_slots - n)
+        self._truncate(self._len - n)
 
-    def _crop(self, length: int) -> None:
+    def _truncate(self, length: int) -> None:
         for layer in self._layers():
-            layer.keys = layer.keys[..., :length, :]
-            layer.values = layer.values[..., :length, :]
-        self.pos = self.pos[:, :length]
-        self.valid = self.valid[:, :length]
-
-    def _gather(self, index: torch.Tensor, index_valid: torch.Tensor) -> None:
-        """Row-wise gather of slots ``index [B, M]``; ``index_valid [B, M]`` marks the real ones."""
-        for layer in self._layers():
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                idx = index.to(t.device)[:, None, :, None].expand(t.shape[0], t.shape[1], index.shape[1],
-                                                                  t.shape[3])
-                setattr(layer, name, t.gather(2, idx))
-        self.pos = self.pos.gather(1, index)
-        self.valid = self.valid.gather(1, index) & index_valid
+            layer.truncate(length)
+        self._len = length

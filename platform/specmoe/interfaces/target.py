@@ -120,7 +120,19 @@ class Target(Plugin, ABC):
     @property
     @abstractmethod
     def bytes_per_expert(self) -> int:
-        """Bytes of one routed expert's weights in the loaded dtype."""
+        """Bytes of one routed expert's weights (and biases) as loaded, in the dtype the model runs in."""
+
+    @property
+    @abstractmethod
+    def bytes_per_expert_stored(self) -> int:
+        """Bytes of one routed expert's weights (and biases) at the checkpoint's stored precision (MXFP4 with
+        its scales, FP8 with its block scales, bf16...): the size the paper's Fig. 1c and Table 2 count."""
+
+    @property
+    @abstractmethod
+    def expert_storage(self) -> str:
+        """A short description of how the checkpoint stores the experts (e.g. ``mxfp4: 4-bit e2m1 weights +
+        one e8m0 byte scale per 32 weights``)."""
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -131,16 +143,19 @@ class Target(Plugin, ABC):
         """Move the model to ``device`` (a no-op for a model spread over devices by a device map)."""
 
     # ------------------------------------------------------------------ compute
-    def new_kv(self, batch_size: int) -> KVState:
-        """An empty KV state for ``batch_size`` rows."""
-        return KVState(batch_size, self.device)
+    def new_kv(self, batch_size: int, capacity: int = 0) -> KVState:
+        """An empty KV state for ``batch_size`` rows, preallocated for ``capacity`` slots per row."""
+        return KVState(batch_size, self.device, capacity)
 
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, kv: KVState, positions: torch.Tensor,
                 attend: torch.Tensor | None = None, valid: torch.Tensor | None = None, *,
                 hidden_layers: Sequence[int] = (), capture_routing: bool = False,
-                cached_attend: torch.Tensor | None = None) -> TargetOutput:
+                cached_attend: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> TargetOutput:
         """One forward pass over ``N`` new tokens per row, appended to ``kv``.
+
+        Every returned tensor is on :attr:`device` (a target spread over several devices moves what crosses
+        layers there once per pass).
 
         Args:
             input_ids: ``[B, N]`` int64.
@@ -153,6 +168,8 @@ class Target(Plugin, ABC):
             capture_routing: record the router's top-k choice per token and MoE layer.
             cached_attend: ``[B, N, S]`` bool extra restriction on the ``S`` cached slots (a drafter that keeps
                 uncommitted tree nodes in the cache lets each node see only its own ancestors).
+            logits_at: ``[B, P]`` int64 indices into the ``N`` new tokens: compute logits only there
+                (``TargetOutput.logits`` is then ``[B, P, V]``; a prompt pass needs only each row's last one).
         """
 
     @abstractmethod
@@ -160,21 +177,24 @@ class Target(Plugin, ABC):
         """A cache for :meth:`forward_standard` (the model's own, e.g. with sliding-window layers)."""
 
     @abstractmethod
-    def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+    def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
                          cache: Any = None, *, hidden_layers: Sequence[int] = (), capture_routing: bool = False,
-                         compute_logits: bool = True) -> TargetOutput:
+                         compute_logits: bool = True, logits_to_keep: int = 0) -> TargetOutput:
         """The model's own causal forward path (no custom masks): the autoregressive reference, and the
         teacher pass of training stages (full sequences, ``cache=None``).
 
         Args:
             input_ids: ``[B, N]`` int64 new tokens.
-            attention_mask: ``[B, S + N]`` 2D padding mask (1 = real token) over cached and new tokens.
+            attention_mask: ``[B, S + N]`` 2D padding mask (1 = real token) over cached and new tokens; ``None``:
+                no padding.
             positions: ``[B, N]`` absolute positions.
             cache: from :meth:`new_standard_cache`, updated in place; ``None``: no cache (one whole pass).
             hidden_layers: as in :meth:`forward`.
             capture_routing: as in :meth:`forward`.
             compute_logits: ``False`` skips the LM head (``logits`` is ``None``; saves the ``[B, N, V]`` tensor
                 when only routing or hidden states are wanted).
+            logits_to_keep: ``k > 0`` computes logits for the last ``k`` positions only (``[B, k, V]``; a
+                left-padded prompt pass needs only the last); 0: every position.
         """
 
     # ------------------------------------------------------------------ modules

@@ -8,7 +8,9 @@ is a topological order), which every consumer relies on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 
@@ -33,6 +35,9 @@ class DraftTree:
             of the pool without another draft pass (the deepest nodes are never fed back through the
             drafter, so a state that consumed the node itself does not exist for them); with the node's
             token it determines what the drafter knows about the node (the ``draft_head`` predictor's input).
+        anc: ``[B, N, N]`` bool ancestor-or-self matrix of ``parents`` (see :meth:`ancestors`), built once where the
+            tree is built (the pool builder has it anyway) and carried along by :meth:`subset`; ``None``: computed
+            on first use and kept. It describes ``parents``: whoever changes ``parents`` sets it to ``None``.
     """
 
     tokens: torch.Tensor
@@ -41,7 +46,8 @@ class DraftTree:
     logp: torch.Tensor
     path_logp: torch.Tensor
     valid: torch.Tensor
-    features: torch.Tensor | None = None
+    features: Optional[torch.Tensor] = None
+    anc: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:
@@ -82,7 +88,9 @@ class DraftTree:
 
     def ancestors(self) -> torch.Tensor:
         """``[B, N, N]`` bool: ``A[b, i, j]`` is True when node j is on the root-to-i path (i included)."""
-        return ancestor_matrix(self.parents)
+        if self.anc is None:
+            self.anc = ancestor_matrix(self.parents)
+        return self.anc
 
     def paths(self, b: int = 0) -> list[list[int]]:
         """Root-to-leaf node-index paths of row ``b`` (leaves: valid nodes that are nobody's parent)."""
@@ -101,7 +109,8 @@ class DraftTree:
     def subset(self, index: torch.Tensor, index_valid: torch.Tensor) -> "DraftTree":
         """Row-wise gather of nodes ``index [B, M]`` (sorted ascending, root first) into a new tree.
 
-        Parent indices are remapped into the new numbering; ``index_valid [B, M]`` marks padding.
+        Parent indices are remapped into the new numbering; ``index_valid [B, M]`` marks padding (a padding node
+        is a child of the root, as its remapped parent says). The ancestor matrix is gathered, not rebuilt.
         """
         b, n = self.tokens.shape
         remap = torch.full((b, n), -1, dtype=torch.long, device=index.device)
@@ -118,19 +127,30 @@ class DraftTree:
         feats = None
         if self.features is not None:
             feats = self.features.gather(1, index[:, :, None].expand(b, m, self.features.shape[-1]))
+        anc = self.ancestors()
+        sub = anc.gather(1, index[:, :, None].expand(b, m, n)).gather(2, index[:, None, :].expand(b, m, m))
+        eye = torch.eye(m, dtype=torch.bool, device=index.device)[None]
+        sub = (sub & index_valid[:, :, None] & index_valid[:, None, :]) | eye
+        sub[:, :, 0] |= ~index_valid  # padding rows: self and the root
         return replace(self, tokens=g(self.tokens), parents=new_par, depth=g(self.depth), logp=g(self.logp),
-                       path_logp=g(self.path_logp), valid=g(self.valid) & index_valid, features=feats)
+                       path_logp=g(self.path_logp), valid=g(self.valid) & index_valid, anc=sub, features=feats)
 
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """``[B, N]`` parents (``-1`` root, parents precede children) -> ``[B, N, N]`` bool ancestor-or-self."""
+    """``[B, N]`` parents (``-1`` root) -> ``[B, N, N]`` bool ancestor-or-self.
+
+    Pointer jumping: after round ``r`` every node knows its ancestors up to ``2**r`` levels up, so
+    ``ceil(log2(N))`` rounds of two gathers suffice (a fixed number of tensor operations, no host sync).
+    """
     b, n = parents.shape
-    anc = torch.eye(n, dtype=torch.bool, device=parents.device).expand(b, n, n).clone()
-    for i in range(1, n):
-        p = parents[:, i]
-        has = p >= 0
-        row = anc[torch.arange(b, device=parents.device), p.clamp(min=0)]
-        anc[:, i] |= row & has[:, None]
+    dev = parents.device
+    has = parents >= 0
+    ptr = torch.where(has, parents, torch.arange(n, device=dev).expand(b, n))  # the root points to itself
+    anc = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n).clone()
+    anc.scatter_(2, ptr[:, :, None], has[:, :, None] | anc.gather(2, ptr[:, :, None]))
+    for _ in range(math.ceil(math.log2(max(n, 2)))):
+        anc = anc | anc.gather(1, ptr[:, :, None].expand(b, n, n))
+        ptr = ptr.gather(1, ptr)
     return anc
 
 

@@ -21,7 +21,7 @@ import torch
 
 from specmoe.errors import UserError
 
-__all__ = ["ExpertsLayout", "experts_layout", "expert_forward"]
+__all__ = ["ExpertsLayout", "experts_layout", "expert_forward", "apply_gate"]
 
 #: activation kinds a kernel can implement; anything else runs only through ``module`` in PyTorch
 ACT_SILU = "silu"
@@ -88,7 +88,7 @@ def experts_layout(module: Any) -> ExpertsLayout:
                          interleaved=interleaved, has_bias=has_bias, activation=act, alpha=alpha, limit=limit)
 
 
-def _gate(module: Any, layout: ExpertsLayout, gate_up: torch.Tensor) -> torch.Tensor:
+def apply_gate(module: Any, layout: ExpertsLayout, gate_up: torch.Tensor) -> torch.Tensor:
     """``[M, 2I] -> [M, I]`` in the same dtype."""
     if layout.activation == ACT_SWIGLU_OAI:
         gate, up = gate_up[..., 0::2], gate_up[..., 1::2]
@@ -111,7 +111,7 @@ def expert_forward(module: Any, layout: ExpertsLayout, expert: int, x: torch.Ten
     h = x @ w_gu if layout.transposed else torch.nn.functional.linear(x, w_gu)
     if layout.has_bias:
         h = h + module.gate_up_proj_bias[expert]
-    a = _gate(module, layout, h)
+    a = apply_gate(module, layout, h)
     y = a @ w_d if layout.transposed else torch.nn.functional.linear(a, w_d)
     if layout.has_bias:
         y = y + module.down_proj_bias[expert]

@@ -1,24 +1,98 @@
 # SPDX-License-Identifier: Apache-2.0
 """Expert-union-grouped MoE experts in plain PyTorch: the specification of the union kernels.
 
-Per MoE layer call, the experts chosen by the ``T`` verified tokens form the union ``U``. Each union expert
-is applied once, with one matmul per projection over all of its tokens (its weights are read once), and the
-outputs are scaled by the routing weights and scatter-added in fp32; the result is cast once.
+Per MoE layer call, the experts chosen by the ``T`` verified tokens form the union ``U``. The ``T * K``
+(token, expert) slots are sorted by expert; each union expert is applied once, with one matmul per projection
+over all of its slots (its weights are read once; experts outside the union are never touched), the outputs are
+scaled by the routing weights in fp32 and added per token in ascending expert order, as the model's eager loop does;
+the result is cast once.
+
+Two ways to run the per-expert matmuls, same math:
+
+* ``grouped``: ``torch.nn.functional.grouped_mm`` over the sorted slots with per-expert offsets: a fixed
+  number of operations per layer whatever ``|U|``, no host synchronisation (CUDA-graph friendly);
+* ``loop``: one matmul per union expert (needs the union on the host: one synchronisation per layer).
+
+:func:`union_experts_forward` takes ``grouped`` where this torch build runs ``grouped_mm`` for the weights'
+device and dtype (CPU: float32 and bfloat16; CUDA: bfloat16 on compute capability >= 8.0), else ``loop``.
+Measured on the 2-core CPU of the demo (``platform bench engine``): ``grouped`` is as fast per byte as
+``loop`` and needs ~15 operations per layer instead of ~6 per union expert.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
-from specmoe.kernels.layout import expert_forward, experts_layout
+from specmoe.kernels.layout import ExpertsLayout, apply_gate, expert_forward, experts_layout
 
-__all__ = ["union_experts_forward"]
+__all__ = ["union_experts_forward", "grouped_supported"]
+
+
+@functools.lru_cache(maxsize=None)
+def grouped_supported(device_type: str, dtype: torch.dtype, capability: tuple[int, int] | None = None) -> bool:
+    """Whether ``grouped_mm`` runs for weights of this device type and dtype (a one-off trial call)."""
+    fn = getattr(torch.nn.functional, "grouped_mm", None)
+    if fn is None or device_type not in ("cpu", "cuda"):
+        return False
+    if device_type == "cuda" and (dtype != torch.bfloat16 or capability is None or capability < (8, 0)):
+        return False
+    try:
+        dev = torch.device(device_type)
+        x = torch.ones(3, 16, device=dev, dtype=dtype)
+        w = torch.ones(2, 16, 16, device=dev, dtype=dtype)
+        out = fn(x, w, offs=torch.tensor([1, 3], device=dev, dtype=torch.int32))
+        return bool(torch.allclose(out.float(), torch.full((3, 16), 16.0, device=dev)))
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
+def _layout(module: Any) -> ExpertsLayout:
+    layout = getattr(module, "_specmoe_layout", None)
+    if layout is None:
+        layout = experts_layout(module)
+        module._specmoe_layout = layout
+    return layout
+
+
+def _use_grouped(weight: torch.Tensor) -> bool:
+    cap = torch.cuda.get_device_capability(weight.device) if weight.device.type == "cuda" else None
+    return grouped_supported(weight.device.type, weight.dtype, cap)
+
+
+def _grouped(module: Any, layout: ExpertsLayout, x: torch.Tensor, key: torch.Tensor,
+             offs: torch.Tensor) -> torch.Tensor:
+    """``x [S, H]`` slot inputs sorted by expert (``key [S]`` their experts, ``E`` for sentinels at the tail),
+    ``offs [E]`` int32 cumulative slot counts -> ``[S, H]`` expert outputs (sentinel rows: garbage)."""
+    fn = torch.nn.functional.grouped_mm
+    w_gu, w_d = module.gate_up_proj, module.down_proj
+    if not layout.transposed:
+        w_gu, w_d = w_gu.transpose(-2, -1), w_d.transpose(-2, -1)
+    e = key.clamp(max=layout.num_experts - 1)
+    h = fn(x.to(w_gu.dtype), w_gu, offs=offs)
+    if layout.has_bias:
+        h = h + module.gate_up_proj_bias[e]
+    y = fn(apply_gate(module, layout, h), w_d, offs=offs)
+    if layout.has_bias:
+        y = y + module.down_proj_bias[e]
+    return y
+
+
+def _loop(module: Any, layout: ExpertsLayout, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """As :func:`_grouped`, one matmul per union expert (``counts [E]`` slots per expert)."""
+    out = torch.zeros(x.shape[0], layout.hidden, dtype=module.down_proj.dtype, device=x.device)
+    start = 0
+    for expert, c in enumerate(counts.tolist()):
+        if c:
+            out[start:start + c] = expert_forward(module, layout, expert, x[start:start + c])
+            start += c
+    return out
 
 
 def union_experts_forward(module: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
-                          top_k_weights: torch.Tensor) -> torch.Tensor:
+                          top_k_weights: torch.Tensor, strategy: str | None = None) -> torch.Tensor:
     """Union-grouped experts computation.
 
     Args:
@@ -27,24 +101,37 @@ def union_experts_forward(module: Any, hidden: torch.Tensor, top_k_index: torch.
         top_k_index: ``[T, K]`` int64 expert ids; rows need not be sorted; ids outside ``[0, E)`` (expert
             parallel sentinels, which carry weight 0) are skipped.
         top_k_weights: ``[T, K]`` routing weights (model dtype, or fp32 for DeepSeek-V3).
+        strategy: ``grouped`` or ``loop`` (see the module docstring); ``None``: ``grouped`` where supported.
 
     Returns:
         ``[T, H]`` in ``hidden.dtype``.
     """
-    layout = experts_layout(module)
+    layout = _layout(module)
     t, k = top_k_index.shape
     n_exp = layout.num_experts
     flat = top_k_index.reshape(-1)
-    weights = top_k_weights.reshape(-1)
     # sentinels (and any id outside [0, E)) share the key E and sort last
-    key = torch.where((flat >= 0) & (flat < n_exp), flat, torch.full_like(flat, n_exp))
+    key = flat.clamp(max=n_exp)
+    key = key.masked_fill(key < 0, n_exp)
     sorted_key, slots = torch.sort(key, stable=True)
-    experts, counts = torch.unique_consecutive(sorted_key, return_counts=True)
-    out = torch.zeros(t, layout.hidden, dtype=torch.float32, device=hidden.device)
-    for expert, expert_slots in zip(experts.tolist(), slots.split(counts.tolist())):
-        if expert == n_exp:
-            continue
-        tokens = expert_slots // k
-        y = expert_forward(module, layout, expert, hidden[tokens])
-        out.index_add_(0, tokens, y.float() * weights[expert_slots].float()[:, None])
-    return out.to(hidden.dtype)
+    counts = torch.bincount(key, minlength=n_exp + 1)[:n_exp]
+    x = hidden[slots // k]
+    if strategy is None:
+        strategy = "grouped" if _use_grouped(module.down_proj) else "loop"
+    if strategy == "grouped":
+        y = _grouped(module, layout, x, sorted_key, torch.cumsum(counts, 0, dtype=torch.int32))
+    elif strategy == "loop":
+        y = _loop(module, layout, x, counts)
+    else:
+        raise ValueError(f"union_experts_forward: strategy must be 'grouped' or 'loop', not {strategy!r}")
+    real = (sorted_key < n_exp)[:, None]  # sentinel slots weigh 0 (their rows of y are not computed)
+    y = torch.where(real, y.float() * top_k_weights.reshape(-1)[slots].float()[:, None], 0.0)
+    out = torch.empty_like(y).index_copy_(0, slots, y).view(t, k, layout.hidden)  # back to (token, slot) order
+    # each token's experts added one at a time in ascending expert id, as the model's own eager loop does
+    # (index_add per expert from zero): in fp32 the result is bit-identical to eager
+    order = key.view(t, k).argsort(dim=1, stable=True)
+    out = out.gather(1, order[:, :, None].expand(t, k, layout.hidden))
+    acc = out[:, 0]
+    for j in range(1, k):
+        acc = acc + out[:, j]
+    return acc.to(hidden.dtype)

@@ -36,9 +36,11 @@ def _e_pred(d: CellData) -> float | None:
     return mean(v for v in (_layers_mean(s.get("predicted_per_layer")) for s in d.steps) if v is not None)
 
 
-def _bytes(d: CellData) -> float | None:
-    e = _e_pass(d)
-    return None if e is None or not d.bytes_per_expert else e * d.num_moe_layers * d.bytes_per_expert
+def _bytes(per_expert: str):
+    def compute(d: CellData) -> float | None:
+        e, size = _e_pass(d), getattr(d, per_expert)
+        return None if e is None or not size else e * d.num_moe_layers * size
+    return compute
 
 
 def _tokens_per_s(d: CellData) -> float | None:
@@ -77,8 +79,11 @@ for _m in (
            "pass (padding and finished rows included)", "steps", compute=_e_pass),
     Metric("E_pred", "E_pred", "experts", "unique experts per layer predicted for the verified nodes", "steps",
            compute=_e_pred, applies_to_ar=False),
-    Metric("expert_bytes_per_step", "bytes/step", "bytes", "E_pass x MoE layers x bytes per expert (weights "
-           "read per step, paper Table 2)", "steps", compute=_bytes),
+    Metric("expert_bytes_per_step", "bytes/step", "bytes", "E_pass x MoE layers x bytes per expert at the "
+           "checkpoint's stored precision (expert weights read per step, as the paper's Table 2 counts them)",
+           "steps", compute=_bytes("bytes_per_expert")),
+    Metric("expert_bytes_per_step_loaded", "bytes/step (loaded)", "bytes", "E_pass x MoE layers x bytes per "
+           "expert as loaded (e.g. MXFP4 dequantized to bf16)", "steps", compute=_bytes("bytes_per_expert_loaded")),
     Metric("t_pred", "T_pred", "s", "expert prediction time per step", "steps", compute=_step_mean("t_pred"),
            applies_to_ar=False),
     Metric("t_draft", "T_draft", "s", "drafting time per step", "steps", compute=_step_mean("t_draft"),

@@ -45,7 +45,10 @@ class CellData:
         batches: per prompt batch timing (Spec-Bench: per-question tokens / seconds).
         outputs: generated token ids per sample (turns concatenated), in sample order.
         temperature: the cell's sampling temperature.
-        bytes_per_expert: bytes of one expert's weights in the loaded target.
+        bytes_per_expert: bytes of one routed expert's weights at the checkpoint's stored precision
+            (``Target.bytes_per_expert_stored``: MXFP4 / FP8 with their scales, or the stored dtype).
+        bytes_per_expert_loaded: the same in the loaded model (``Target.bytes_per_expert``; e.g. MXFP4
+            dequantized to bf16 on load); 0 when unknown.
         num_moe_layers: MoE layers of the target.
     """
 
@@ -54,6 +57,7 @@ class CellData:
     outputs: list[list[int]] = field(default_factory=list)
     temperature: float = 0.0
     bytes_per_expert: int = 0
+    bytes_per_expert_loaded: int = 0
     num_moe_layers: int = 0
 
 

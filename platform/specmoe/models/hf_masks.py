@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Tree attention masks in the form each Hugging Face architecture expects."""
+"""Tree attention masks in the form each Hugging Face architecture expects, following the config's attention
+type of every layer."""
 
 from __future__ import annotations
 
@@ -7,32 +8,58 @@ from typing import Any
 
 import torch
 
+from specmoe.errors import UserError
 from specmoe.interfaces.kv import KVState
 
 __all__ = ["MaskSpec"]
 
+#: layer types of ``config.layer_types`` this module builds masks for
+_KINDS = ("full_attention", "sliding_attention")
+
 
 class MaskSpec:
-    """How a model takes custom masks: one mask, a sliding one, or GPT-OSS's per-layer-kind mapping.
+    """Which masks a model takes, decided from its config the way its own modeling code decides:
+
+    * ``config.layer_types`` present (GPT-OSS, Qwen3, ...): each layer gets the mask of its own type (a window
+      only on ``sliding_attention`` layers). Several types: a ``{type: mask}`` mapping, which these models pick
+      from per layer; one type: that mask alone. A config whose layers are all ``full_attention`` gets no window
+      even when ``sliding_window`` is set.
+    * otherwise (Qwen3-MoE, DeepSeek-V3): one mask for every layer, windowed when ``sliding_window`` is set (and
+      ``use_sliding_window`` is not false).
 
     Args:
         config: the model's ``transformers`` config.
     """
 
     def __init__(self, config: Any) -> None:
-        layer_types = getattr(config, "layer_types", None) or []
         window = getattr(config, "sliding_window", None)
-        if "sliding_attention" in layer_types:
-            self.mode, self.window = "mapping", window
-        elif window is not None and getattr(config, "use_sliding_window", True):
-            self.mode, self.window = "sliding", window
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types:
+            bad = sorted(set(layer_types) - set(_KINDS))
+            if bad:
+                raise UserError(f"tree masks for layer types {bad} are not supported (config.layer_types of "
+                                f"{type(config).__name__}); supported: {', '.join(_KINDS)}")
+            self.kinds = [k for k in _KINDS if k in layer_types]
+            if "sliding_attention" in self.kinds and window is None:
+                raise UserError(f"{type(config).__name__}: layer_types has sliding_attention layers but "
+                                f"sliding_window is not set")
         else:
-            self.mode, self.window = "full", None
+            slides = window is not None and getattr(config, "use_sliding_window", True)
+            self.kinds = ["sliding_attention" if slides else "full_attention"]
+        self.window = window if "sliding_attention" in self.kinds else None
+
+    @property
+    def mode(self) -> str:
+        """``mapping`` (one mask per layer type), ``sliding`` or ``full``."""
+        if len(self.kinds) > 1:
+            return "mapping"
+        return "sliding" if self.kinds[0] == "sliding_attention" else "full"
 
     def build(self, kv: KVState, positions: torch.Tensor, attend: torch.Tensor, valid: torch.Tensor,
               dtype: torch.dtype, cached_attend: torch.Tensor | None = None) -> Any:
-        """Additive float mask(s) ``[B, 1, N, S + N]`` (a dict for ``mapping`` models)."""
-        if self.mode == "mapping":
-            return {"full_attention": kv.mask(positions, attend, valid, dtype, None, cached_attend),
-                    "sliding_attention": kv.mask(positions, attend, valid, dtype, self.window, cached_attend)}
-        return kv.mask(positions, attend, valid, dtype, self.window, cached_attend)
+        """Additive float mask(s) ``[B, 1, N, S + N]`` (a ``{layer type: mask}`` dict for several types)."""
+        windows = [self.window if k == "sliding_attention" else None for k in self.kinds]
+        masks = kv.masks(positions, attend, valid, windows, cached_attend, dtype)
+        if len(masks) == 1:
+            return masks[0]
+        return dict(zip(self.kinds, masks))

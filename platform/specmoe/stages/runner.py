@@ -68,8 +68,9 @@ def _refs(node: Any) -> set[str]:
     return found
 
 
-#: options that change how a stage reports progress, not what it computes: left out of the cache key.
-DISPLAY_ONLY_OPTIONS = frozenset({"enable_progress_bar"})
+#: options that change how a stage runs or reports progress (guards, threads), not what it computes: left out
+#: of the cache key.
+DISPLAY_ONLY_OPTIONS = frozenset({"enable_progress_bar", "max_time", "num_threads"})
 
 
 def _key_view(node: Any) -> Any:
@@ -116,6 +117,7 @@ class StageRunner:
         self.source = source
         self.order = self._toposort()
         self.keys: dict[str, str] = {}
+        self.facts: dict[str, dict[str, Any]] = {}  # per stage: its key_facts, also written to its summary
         for sid in self.order:
             self.keys[sid] = self._key(self.specs[sid])
 
@@ -144,6 +146,7 @@ class StageRunner:
         cls = spec.component.plugin_class()
         opts = substitute_refs(spec.component.options, lambda ref: f"stage-key:{self.keys[ref]}")
         facts = cls.key_facts(self.resolve(spec.component.options)) if hasattr(cls, "key_facts") else {}
+        self.facts[spec.id] = dict(facts or {})
         return stable_hash(stage_key_blob(spec.component.name, getattr(cls, "version", "1"), opts, facts or {}))
 
     def out_dir(self, sid: str) -> Path:
@@ -258,6 +261,7 @@ class StageRunner:
         finally:  # a training stage may have lowered torch's thread count: later work gets it back
             _torch_threads(threads)
         summary.setdefault("seconds", round(time.perf_counter() - t0, 2))
+        summary.update(self.facts.get(sid, {}))
         return summary
 
     def _run_worker(self, sid: str, cls: type, ctx: Any) -> dict[str, Any]:

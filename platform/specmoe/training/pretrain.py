@@ -1,9 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Pretrain a causal MoE LM from a Hugging Face config (Lightning), with router load-balance checks.
+"""Pretrain a causal MoE LM from a Hugging Face config (Lightning), with a balanced router.
 
-The loss is next-token cross-entropy plus ``router_aux_loss_coef`` times the model's own auxiliary
-load-balancing loss (``output_router_logits=True``). Expert loads are counted from forward pre-hooks on every
-``mlp.experts`` module (``top_k_index [T, K]``), so the statistics describe the routing actually executed.
+The loss is next-token cross-entropy plus ``router_aux_loss_coef`` (model config) times the per-layer Switch
+load-balancing loss and ``router_z_loss_coef`` times the router z-loss; with ``balance_rate > 0`` the routers'
+own biases are also balanced without a loss, as in DeepSeek-V3 (:mod:`specmoe.training.router_balance`).
+The learning rate follows ``transformers``' cosine-with-minimum schedule after a linear warm-up, over
+``trainer.max_steps`` optimizer steps. Every validation measures the per-layer expert load (counted from
+forward pre-hooks on every ``mlp.experts`` module, so it is the routing actually executed) and stops
+training at the first collapsed check.
 """
 
 from __future__ import annotations
@@ -15,9 +19,21 @@ from typing import Any, Optional
 import lightning as L
 import torch
 
-__all__ = ["PretrainLM", "RouterCollapseError", "build_hf_config", "balance_stats", "check_router_collapse",
-           "ExpertCounter", "num_experts_of", "evaluate_blocks", "TRAIN_EXPERTS",
-           "sorted_loop_experts_forward"]
+from specmoe.training.router_balance import (
+    BiasBalancer,
+    ExpertCounter,
+    balance_stats,
+    check_router_collapse,
+    router_bias,
+    router_losses,
+)
+
+__all__ = ["PretrainLM", "DEFAULT_BALANCE_RATE", "build_hf_config", "num_experts_of", "evaluate_blocks",
+           "TRAIN_EXPERTS", "sorted_loop_experts_forward"]
+
+#: router-bias step of the auxiliary-loss-free balancing when ``balance_rate`` is ``None`` (per optimizer step;
+#: DeepSeek-V3 used 0.001 over far more steps)
+DEFAULT_BALANCE_RATE = 0.01
 
 #: name under which :func:`sorted_loop_experts_forward` is registered in transformers' ``ExpertsInterface``
 TRAIN_EXPERTS = "specmoe_sorted_loop"
@@ -31,9 +47,9 @@ def sorted_loop_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_in
 
     HF's ``eager`` loop indexes ``weight[e]`` once per expert, and each such index backpropagates into a
     zero-filled gradient of the whole ``[E, ...]`` parameter (fill + add per expert: ~40% of a CPU step
-    here). This version sorts the (token, slot) pairs by expert once, takes per-expert views with one
-    ``unbind`` (one stacked gradient per parameter) and scatters the weighted outputs back with one
-    ``index_add_``.
+    here). This version sorts the (token, slot) pairs by expert once, takes the per-expert token groups with
+    one ``split`` and the per-expert weights with one ``unbind`` (one gradient each, instead of a zero-filled
+    full-size gradient per slice), and scatters the weighted outputs back with one ``index_add_``.
 
     Args:
         hidden_states: ``[T, H]``. top_k_index: ``[T, K]`` int64. top_k_weights: ``[T, K]``.
@@ -44,22 +60,20 @@ def sorted_loop_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_in
     n_exp = self.gate_up_proj.shape[0] if self.has_gate else self.up_proj.shape[0]
     flat = top_k_index.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=n_exp).tolist()
+    counts = torch.bincount(flat, minlength=n_exp).tolist()[:n_exp]  # ids >= E: expert-parallel sentinels
     token = order // top_k_index.shape[1]
-    x = hidden_states[token]
+    used = sum(counts)  # the sentinels sort last and are dropped
+    parts = hidden_states[token[:used]].split(counts)  # one backward (a cat), not one zero-fill per slice
     up_w = (self.gate_up_proj if self.has_gate else self.up_proj).unbind(0)
     down_w = self.down_proj.unbind(0)
     up_b = down_b = None
     if self.has_bias:
         up_b = (self.gate_up_proj_bias if self.has_gate else self.up_proj_bias).unbind(0)
         down_b = self.down_proj_bias.unbind(0)
-    outs, start = [], 0
-    for e in range(n_exp):  # ids >= E (expert-parallel sentinels) sort last and are dropped
-        n = counts[e]
-        if n == 0:
+    outs = []
+    for e, xe in enumerate(parts):
+        if counts[e] == 0:
             continue
-        xe = x[start:start + n]
-        start += n
         h = xe @ up_w[e] if self.is_transposed else torch.nn.functional.linear(xe, up_w[e])
         if up_b is not None:
             h = h + up_b[e]
@@ -71,18 +85,14 @@ def sorted_loop_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_in
     out = torch.zeros_like(hidden_states)
     if not outs:
         return out
-    y = torch.cat(outs) * top_k_weights.reshape(-1)[order[:start], None]
-    return out.index_add_(0, token[:start], y.to(out.dtype))
+    y = torch.cat(outs) * top_k_weights.reshape(-1)[order[:used], None]
+    return out.index_add_(0, token[:used], y.to(out.dtype))
 
 
 def _register_train_experts() -> None:
     from transformers.integrations.moe import ExpertsInterface
 
     ExpertsInterface.register(TRAIN_EXPERTS, sorted_loop_experts_forward)
-
-
-class RouterCollapseError(RuntimeError):
-    """Most routed tokens of some MoE layer go to a handful of experts."""
 
 
 def build_hf_config(model_config: dict[str, Any]):
@@ -96,66 +106,6 @@ def build_hf_config(model_config: dict[str, Any]):
     for key in ("transformers_version", "architectures", "_name_or_path"):
         cfg.pop(key, None)
     return AutoConfig.for_model(model_type, **cfg)
-
-
-def balance_stats(counts: torch.Tensor, top_k: int) -> list[dict[str, float]]:
-    """Per-layer load statistics of expert assignment counts.
-
-    Args:
-        counts: ``[L, E]`` number of (token, slot) assignments per expert and MoE layer.
-        top_k: experts per token.
-
-    Returns:
-        One dict per layer: ``top_k_share`` (share of assignments on the ``top_k`` busiest experts; uniform:
-        ``top_k / E``, collapsed: 1), ``max_load`` (busiest expert's load over the uniform load),
-        ``entropy`` (normalised to [0, 1]), ``dead`` (experts never chosen), ``tokens`` (routed tokens).
-    """
-    out = []
-    counts = counts.double()
-    n_exp = counts.shape[1]
-    for row in counts:
-        total = float(row.sum())
-        if total <= 0:
-            out.append(dict(top_k_share=float("nan"), max_load=float("nan"), entropy=float("nan"),
-                            dead=float(n_exp), tokens=0.0))
-            continue
-        p = row / total
-        nz = p[p > 0]
-        entropy = float(-(nz * nz.log()).sum() / math.log(n_exp)) if n_exp > 1 else 1.0
-        out.append(dict(top_k_share=float(p.sort(descending=True).values[:top_k].sum()),
-                        max_load=float(p.max() * n_exp), entropy=entropy, dead=float((row == 0).sum()),
-                        tokens=total / top_k))
-    return out
-
-
-def check_router_collapse(counts: torch.Tensor, top_k: int, *, collapse_fraction: float = 0.5,
-                          layer_ids: Optional[list[int]] = None) -> list[dict[str, float]]:
-    """Raise :class:`RouterCollapseError` when a layer routes most assignments to ``top_k`` experts.
-
-    A layer has collapsed when the share of its ``top_k`` busiest experts exceeds
-    ``u + collapse_fraction * (1 - u)``, with ``u = top_k / E`` the uniform share (E=32, k=4: 0.5625).
-
-    Args:
-        counts: ``[L, E]`` assignment counts (see :func:`balance_stats`).
-        top_k: experts per token.
-        collapse_fraction: how far from uniform (0) towards fully collapsed (1) is tolerated.
-        layer_ids: model layer index of each row, for the message.
-
-    Returns:
-        The :func:`balance_stats` of every layer when nothing collapsed.
-    """
-    stats = balance_stats(counts, top_k)
-    uniform = top_k / counts.shape[1]
-    limit = uniform + collapse_fraction * (1.0 - uniform)
-    ids = layer_ids if layer_ids is not None else list(range(len(stats)))
-    bad = [(i, s) for i, s in zip(ids, stats) if s["tokens"] > 0 and s["top_k_share"] > limit]
-    if bad and uniform < 1.0:
-        detail = "; ".join(f"layer {i}: {s['top_k_share']:.0%} of assignments on its {top_k} busiest "
-                           f"experts, {int(s['dead'])} experts unused" for i, s in bad)
-        raise RouterCollapseError(
-            f"router collapse ({detail}; limit {limit:.0%}, uniform {uniform:.0%}): raise "
-            f"'router_aux_loss_coef' in the model config, lower the learning rate, or check the data")
-    return stats
 
 
 def num_experts_of(hf_config: Any) -> int:
@@ -194,56 +144,34 @@ def evaluate_blocks(model: torch.nn.Module, blocks: torch.Tensor, batch_size: in
     return (total / n if n else float("nan")), counter.counts.clone(), counter.layer_ids
 
 
-class ExpertCounter:
-    """Counts expert assignments ``[L, E]`` with forward pre-hooks on the model's experts modules."""
-
-    def __init__(self, model: torch.nn.Module, num_experts: int) -> None:
-        layers = model.model.layers
-        self.layer_ids = [i for i, layer in enumerate(layers)
-                          if hasattr(getattr(layer, "mlp", None), "experts")]
-        self.counts = torch.zeros(len(self.layer_ids), num_experts, dtype=torch.long)
-        self.enabled = False
-        self._handles = [layers[i].mlp.experts.register_forward_pre_hook(self._hook(j))
-                         for j, i in enumerate(self.layer_ids)]
-
-    def _hook(self, row: int):
-        def hook(module: Any, args: tuple) -> None:
-            if self.enabled:
-                idx = args[1].reshape(-1)
-                idx = idx[idx < self.counts.shape[1]]  # expert-parallel sentinels
-                self.counts[row] += torch.bincount(idx.cpu(), minlength=self.counts.shape[1])
-        return hook
-
-    def reset(self) -> None:
-        self.counts.zero_()
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
 
 class PretrainLM(L.LightningModule):
     """Causal-LM pretraining of a HF MoE model built from ``model_config`` (a config dict).
 
     Args:
-        model_config: HF config dict with ``model_type`` (e.g. ``tiny_config("gpt_oss", ...).to_dict()``).
+        model_config: HF config dict with ``model_type`` (e.g. ``tiny_config("gpt_oss", ...).to_dict()``);
+            its ``router_aux_loss_coef`` weighs the per-layer load-balancing loss.
         lr: peak AdamW learning rate. weight_decay: applied to matrices only (not biases, norms, sinks).
-        warmup_steps: linear warmup; then cosine decay to ``lr * min_lr_ratio`` at the last step.
-        betas: AdamW betas. collapse_fraction: see :func:`check_router_collapse`.
-        fail_on_collapse: raise at validation end (not in the sanity check) when a layer collapsed.
+        warmup_steps: linear warm-up; then cosine decay to ``lr * min_lr_ratio`` at ``trainer.max_steps``
+            (``transformers.get_cosine_with_min_lr_schedule_with_warmup``).
+        betas: AdamW betas.
+        router_z_loss_coef: weight of the router z-loss (ST-MoE; 0: off).
+        balance_rate: bias update per optimizer step of the auxiliary-loss-free balancing (0: off); the
+            router biases then leave gradient descent. ``None``: :data:`DEFAULT_BALANCE_RATE` where every MoE
+            layer's router has a bias (GPT-OSS, DeepSeek-V3), else 0 (Qwen3-MoE: the aux loss only).
+        collapse_fraction, max_dead_fraction: collapse limits (see ``check_router_collapse``).
+        fail_on_collapse: raise at the end of every validation (not the sanity check) when a layer collapsed.
         experts_implementation: HF experts kernel for training; default :data:`TRAIN_EXPERTS` on CPU, HF's
             default (``grouped_mm``) elsewhere.
-        time_budget_s: training wall-clock budget (the Trainer's ``max_time``). The cosine then follows
-            whichever is further along, steps or elapsed time, so a run stopped by the clock before
-            ``max_steps`` still ends annealed. Elapsed time comes from Lightning's ``Timer`` (kept across
-            resumes). ``None``: steps only.
     """
 
     def __init__(self, model_config: dict[str, Any], *, lr: float = 2e-3, weight_decay: float = 0.1,
                  warmup_steps: int = 20, min_lr_ratio: float = 0.1, betas: tuple[float, float] = (0.9, 0.95),
-                 collapse_fraction: float = 0.5, fail_on_collapse: bool = True,
-                 experts_implementation: Optional[str] = None, time_budget_s: Optional[float] = None) -> None:
+                 router_z_loss_coef: float = 0.0, balance_rate: Optional[float] = 0.0,
+                 collapse_fraction: float = 0.5,
+                 max_dead_fraction: float = 1.0, fail_on_collapse: bool = True,
+                 experts_implementation: Optional[str] = None) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM
 
@@ -252,8 +180,18 @@ class PretrainLM(L.LightningModule):
         self.model = AutoModelForCausalLM.from_config(self.hf_config, attn_implementation="eager")
         self.aux_coef = float(getattr(self.hf_config, "router_aux_loss_coef", 0.0) or 0.0)
         self.top_k = int(self.hf_config.num_experts_per_tok)
-        self.counter = ExpertCounter(self.model, num_experts_of(self.hf_config))
+        n_exp = num_experts_of(self.hf_config)
+        self.counter = ExpertCounter(self.model, n_exp)  # validation load
+        if balance_rate is None:
+            layers = self.model.model.layers
+            has_bias = all(router_bias(layers[i].mlp) is not None for i in self.counter.layer_ids)
+            balance_rate = DEFAULT_BALANCE_RATE if has_bias else 0.0
+        self.balance_rate = float(balance_rate)
+        self.balancer = BiasBalancer(self.model, balance_rate) if balance_rate > 0 else None
+        self.step_counter = ExpertCounter(self.model, n_exp) if self.balancer is not None else None
         self.last_balance: list[dict[str, float]] = []
+        self.start_step = 0
+        """global step when this run's training started (after a resume: the checkpoint's)."""
         self._val_loss = torch.zeros(2, dtype=torch.float64)
 
     def on_fit_start(self) -> None:
@@ -262,24 +200,43 @@ class PretrainLM(L.LightningModule):
         if impl:
             self.model.set_experts_implementation(impl)
 
+    def on_train_start(self) -> None:
+        self.start_step = int(self.trainer.global_step)
+
     def _step(self, input_ids: torch.Tensor):
-        out = self.model(input_ids=input_ids, output_router_logits=self.aux_coef > 0, use_cache=False)
+        need_router = self.aux_coef > 0 or self.hparams.router_z_loss_coef > 0
+        out = self.model(input_ids=input_ids, output_router_logits=need_router, use_cache=False)
         logits = out.logits[:, :-1].float()
         lm = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                input_ids[:, 1:].reshape(-1))
-        aux = out.aux_loss if isinstance(getattr(out, "aux_loss", None), torch.Tensor) else None
-        return lm, aux
+        if not need_router or not out.router_logits:
+            return lm, None, None
+        aux, z = router_losses(out.router_logits, self.top_k)
+        return lm, aux, z
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        lm, aux = self._step(batch["input_ids"])
-        loss = lm if aux is None else lm + self.aux_coef * aux
+        if self.step_counter is not None:
+            self.step_counter.enabled = True
+        lm, aux, z = self._step(batch["input_ids"])
+        if self.step_counter is not None:
+            self.step_counter.enabled = False
+        loss = lm
         bs = batch["input_ids"].shape[0]
+        if aux is not None:
+            loss = loss + self.aux_coef * aux + self.hparams.router_z_loss_coef * z
+            self.log("train/aux_loss", aux, batch_size=bs)
+            self.log("train/z_loss", z, batch_size=bs)
         self.log("train/loss", lm, prog_bar=True, batch_size=bs)
         self.log("train/ppl", torch.exp(lm.detach()), batch_size=bs)
-        if aux is not None:
-            self.log("train/aux_loss", aux, batch_size=bs)
         self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=bs)
         return loss
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        if self.balancer is None:
+            return
+        counts = self.trainer.strategy.reduce(self.step_counter.counts.to(self.device), reduce_op="sum")
+        self.balancer.update(counts.cpu())  # every rank applies the same global update
+        self.step_counter.reset()
 
     def on_validation_epoch_start(self) -> None:
         self.counter.reset()
@@ -287,7 +244,7 @@ class PretrainLM(L.LightningModule):
         self._val_loss.zero_()
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        lm, aux = self._step(batch["input_ids"])
+        lm, aux, _ = self._step(batch["input_ids"])
         n = batch["input_ids"][:, 1:].numel()
         self._val_loss += torch.tensor([float(lm) * n, n], dtype=torch.float64)
         if aux is not None:
@@ -309,17 +266,13 @@ class PretrainLM(L.LightningModule):
         self.last_balance = stats
         if not self.trainer.sanity_checking and self.hparams.fail_on_collapse:
             check_router_collapse(counts, self.top_k, collapse_fraction=self.hparams.collapse_fraction,
-                                  layer_ids=self.counter.layer_ids)
-
-    def _elapsed_s(self) -> float:
-        from lightning.pytorch.callbacks import Timer
-
-        for cb in self.trainer.callbacks:
-            if isinstance(cb, Timer):
-                return float(cb.time_elapsed("train"))
-        return 0.0
+                                  max_dead_fraction=self.hparams.max_dead_fraction,
+                                  layer_ids=self.counter.layer_ids,
+                                  where=f"the validation at step {self.trainer.global_step}")
 
     def configure_optimizers(self):
+        from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
         decay, no_decay = [], []
         for name, p in self.model.named_parameters():
             if not p.requires_grad:
@@ -329,18 +282,7 @@ class PretrainLM(L.LightningModule):
                                  {"params": no_decay, "weight_decay": 0.0}], lr=self.hparams.lr,
                                 betas=tuple(self.hparams.betas))
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        warm, floor = max(0, int(self.hparams.warmup_steps)), float(self.hparams.min_lr_ratio)
-
-        budget = self.hparams.time_budget_s
-
-        def factor(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            t = (step - warm) / max(1, total - warm)
-            if budget:
-                t = max(t, self._elapsed_s() / budget)
-            t = min(1.0, t)
-            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        sched = get_cosine_with_min_lr_schedule_with_warmup(
+            opt, num_warmup_steps=min(max(0, int(self.hparams.warmup_steps)), total), num_training_steps=total,
+            min_lr_rate=float(self.hparams.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -5,21 +5,40 @@ Multi-node: launch the same command on every node with torchrun (``--nnodes N --
 --master_addr HOST --master_port PORT --nproc_per_node G``) or under SLURM (``srun``); Lightning reads
 ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``WORLD_SIZE`` / the SLURM variables itself. Set
 ``trainer.devices`` to the GPUs per node and ``trainer.num_nodes`` to N.
+
+Hardware-dependent choices are explicit and never sampled from the machine's load:
+
+* ``precision: auto`` (the default) is ``bf16-mixed`` only where bf16 is fast (a CUDA GPU with bf16, a CPU
+  with native bf16) and ``32-true`` elsewhere; the resolved value is part of the stage's cache key
+  (:func:`trainer_key_facts`), logged to MLflow and written to the stage summary.
+* Threads: ``trainer.num_threads``, by default the cores of this process divided by the training processes
+  on the node (:func:`default_num_threads`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-__all__ = ["TrainerOptions", "build_trainer", "mlflow_logger"]
+__all__ = ["TrainerOptions", "build_trainer", "mlflow_logger", "resolve_precision", "cpu_has_native_bf16",
+           "default_num_threads", "stage_trainer_options", "trainer_key_facts"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class TrainerOptions:
-    """Subset of ``lightning.Trainer`` arguments exposed in recipes (``trainer: {...}``)."""
+    """Subset of ``lightning.Trainer`` arguments exposed in recipes (``trainer: {...}``).
+
+    A stage's length is its step / epoch budget (``max_steps``, ``max_epochs``), so a recipe trains the same
+    number of steps on every machine. ``max_time`` is only a guard (see
+    :class:`~specmoe.training.wall_clock.WallClockGuard`).
+    """
 
     accelerator: str = "auto"
     devices: Any = 1
@@ -27,73 +46,148 @@ class TrainerOptions:
     num_nodes: int = 1
     strategy: str = "auto"
     """``auto``, ``ddp``, ``fsdp``, ``ddp_spawn``, ``deepspeed_stage_2``..."""
-    precision: str = "32-true"
-    """``32-true``, ``bf16-mixed``, ``16-mixed``..."""
+    precision: str = "auto"
+    """``auto`` (see :func:`resolve_precision`: ``bf16-mixed`` on a CUDA GPU with bf16 or a CPU with native
+    bf16, else ``32-true``), or any Lightning value: ``32-true``, ``bf16-mixed``, ``16-mixed``..."""
     accumulate_grad_batches: int = 1
     max_epochs: int = 1
     max_steps: int = -1
     max_time: Optional[str] = None
-    """wall-clock cap ``DD:HH:MM:SS``."""
-    val_check_interval: Optional[float] = None
-    check_val_every_n_epoch: int = 1
+    """opt-in wall-clock guard per run, ``DD:HH:MM:SS``: when it stops training before the step / epoch
+    budget, the stage saves its checkpoint and fails with ``StageIncomplete`` (a rerun continues). Not part
+    of the cache key."""
+    val_check_interval: Optional[Union[int, float]] = None
+    """an int: every that many training batches; a float in (0, 1]: that fraction of an epoch."""
+    check_val_every_n_epoch: Optional[int] = 1
+    """null: validate every ``val_check_interval`` steps across epochs."""
     log_every_n_steps: int = 10
     gradient_clip_val: Optional[float] = None
     num_threads: Optional[int] = None
-    """torch intra-op threads per process (CPU); default: cores / processes on this node."""
+    """torch intra-op threads per process (CPU); default :func:`default_num_threads` (cores / processes on
+    this node). Not part of the cache key."""
     enable_progress_bar: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     """any other ``lightning.Trainer`` keyword argument."""
 
 
-def _cores_busy_elsewhere(window: float = 0.3) -> float:
-    """Cores kept busy by *other* processes, measured over ``window`` seconds (``/proc``; elsewhere the
-    1-minute load average, which also counts this process)."""
-    import time
+@functools.lru_cache(maxsize=None)
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 matrix products natively (so bf16 autocast is faster than fp32).
 
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            cpu = [int(v) for v in f.readline().split()[1:]]
-        with open("/proc/self/stat") as f:
-            own = f.read().rsplit(")", 1)[1].split()
-        return sum(cpu) - cpu[3] - (cpu[4] if len(cpu) > 4 else 0), int(own[11]) + int(own[12])
+    x86-64: AVX512-BF16 or AMX tiles, as torch reports them (``torch.cpu._is_avx512_bf16_supported``,
+    ``torch.cpu._is_amx_tile_supported``); aarch64: the ``bf16`` feature in ``/proc/cpuinfo``. Without them
+    (e.g. AVX2 only) bf16 autocast is emulated and measured ~17x slower than fp32 per step of the tiny target.
+    """
+    import torch
 
-    try:
-        busy0, own0 = sample()
-        t0 = time.monotonic()
-        time.sleep(window)
-        busy1, own1 = sample()
-        ticks = os.sysconf("SC_CLK_TCK") * (time.monotonic() - t0)
-        return max(0.0, ((busy1 - busy0) - (own1 - own0)) / ticks)
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        fn = getattr(torch.cpu, probe, None)
+        try:
+            if fn is not None and fn():
+                return True
+        except (RuntimeError, AttributeError):
+            continue
+    if os.uname().machine in ("aarch64", "arm64"):
+        try:
+            with open("/proc/cpuinfo") as fh:
+                return any(line.startswith("Features") and "bf16" in line.split() for line in fh)
+        except OSError:
+            return False
+    return False
+
+
+def resolve_precision(precision: str, accelerator: str = "auto") -> str:
+    """The Lightning precision ``precision`` stands for on this machine (``auto`` resolved, others as given).
+
+    ``auto``: ``bf16-mixed`` on a CUDA GPU that supports bf16, or on a CPU with native bf16
+    (:func:`cpu_has_native_bf16`); ``32-true`` otherwise (an older GPU, Apple MPS, a CPU with AVX2 only).
+    """
+    if str(precision) != "auto":
+        return str(precision)
+    import torch
+
+    acc = str(accelerator).lower()
+    if acc in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    if acc == "cpu" or (acc == "auto" and not torch.backends.mps.is_available()):
+        return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
+    return "32-true"
+
+
+def default_num_threads(devices: Any = 1) -> int:
+    """torch intra-op threads per training process: the cores this process may use, divided by the processes
+    on this node (``LOCAL_WORLD_SIZE`` under torchrun, else ``devices``). Never sampled from the load."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    procs = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+    if procs <= 0:
+        procs = len(devices) if isinstance(devices, (list, tuple)) else devices if isinstance(devices, int) else 1
+    return max(1, cores // max(1, procs))
+
+
+def stage_trainer_options(stage_cls: type, options: Any) -> TrainerOptions:
+    """The :class:`TrainerOptions` a training stage will use: its ``Config``'s default ``trainer`` updated by
+    the ``trainer`` mapping of ``options`` (a recipe's partial mapping keeps the other defaults)."""
+    fields = {f.name: f for f in dataclasses.fields(stage_cls.Config)} if hasattr(stage_cls, "Config") else {}
+    spec = fields.get("trainer")
+    default: Any = None
+    if spec is not None:
+        default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+        default = None if default is dataclasses.MISSING else default
+    base = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else dict(default or {})
+    given = (options or {}).get("trainer") if isinstance(options, dict) else getattr(options, "trainer", None)
+    given = dataclasses.asdict(given) if dataclasses.is_dataclass(given) else dict(given or {})
+    known = {f.name for f in dataclasses.fields(TrainerOptions)}
+    return TrainerOptions(**{k: v for k, v in {**base, **given}.items() if k in known})
+
+
+def trainer_key_facts(stage_cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """``Stage.key_facts`` of every training stage: the precision its trainer resolves to on this machine
+    (``{"precision": "32-true"}``), so an ``auto`` stage trained in bf16 is not reused where fp32 is chosen.
+
+    Use as ``key_facts = classmethod(trainer_key_facts)`` in the stage class.
+    """
+    opts = stage_trainer_options(stage_cls, options)
+    return {"precision": resolve_precision(opts.precision, opts.accelerator)}
 
 
 def build_trainer(opts: TrainerOptions, out_dir: str | Path, *, callbacks: list[Any] | None = None,
                   logger: Any = None, **overrides: Any):
-    """A ``lightning.Trainer`` writing checkpoints and logs under ``out_dir`` (never ``lightning_logs/``)."""
+    """A ``lightning.Trainer`` writing checkpoints and logs under ``out_dir`` (never ``lightning_logs/``).
+
+    Resolves ``precision: auto`` and the thread count, logs both (``trainer.precision``,
+    ``trainer.num_threads``) to every MLflow logger, and turns ``max_time`` into a
+    :class:`~specmoe.training.wall_clock.WallClockGuard`.
+    """
     import lightning as L
     import torch
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from specmoe.training.wall_clock import WallClockGuard
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    threads = opts.num_threads
-    if threads is None:
-        procs = opts.devices if isinstance(opts.devices, int) and opts.devices > 0 else 1
-        threads = max(1, (os.cpu_count() or 1) // procs)
-        if threads > 1:  # oversubscribed OpenMP threads spin-wait: ~10x slower steps measured on 2 cores
-            free = int((os.cpu_count() or 1) - _cores_busy_elsewhere() + 0.5)
-            threads = max(1, min(threads, free))
+    threads = opts.num_threads if opts.num_threads else default_num_threads(opts.devices)
     torch.set_num_threads(threads)
+    precision = resolve_precision(opts.precision, opts.accelerator)
+    vci = opts.val_check_interval  # 50.0 from a YAML float means 50 batches (Lightning wants an int)
+    vci = int(vci) if isinstance(vci, float) and vci > 1 and vci.is_integer() else vci
+    callbacks = list(callbacks or [])
+    if opts.max_time:
+        callbacks.append(WallClockGuard(opts.max_time))
     kwargs: dict[str, Any] = dict(
         accelerator=opts.accelerator, devices=opts.devices, num_nodes=opts.num_nodes, strategy=opts.strategy,
-        precision=opts.precision, accumulate_grad_batches=opts.accumulate_grad_batches,
-        max_epochs=opts.max_epochs, max_steps=opts.max_steps, max_time=opts.max_time,
-        val_check_interval=opts.val_check_interval, check_val_every_n_epoch=opts.check_val_every_n_epoch,
+        precision=precision, accumulate_grad_batches=opts.accumulate_grad_batches,
+        max_epochs=opts.max_epochs, max_steps=opts.max_steps,
+        val_check_interval=vci, check_val_every_n_epoch=opts.check_val_every_n_epoch,
         log_every_n_steps=opts.log_every_n_steps, gradient_clip_val=opts.gradient_clip_val,
-        enable_progress_bar=opts.enable_progress_bar, default_root_dir=str(out), callbacks=callbacks or [],
+        enable_progress_bar=opts.enable_progress_bar, default_root_dir=str(out), callbacks=callbacks,
         logger=logger if logger is not None else False, enable_model_summary=False)
     kwargs.update(opts.extra)
     kwargs.update(overrides)
+    for lg in (kwargs["logger"] if isinstance(kwargs["logger"], (list, tuple)) else [kwargs["logger"]]):
+        if isinstance(lg, MLFlowLogger):
+            lg.log_hyperparams({"trainer.precision": precision, "trainer.num_threads": threads})
+    log.info("trainer: precision %s (from %r), %d threads", precision, opts.precision, threads)
     return L.Trainer(**kwargs)
 
 

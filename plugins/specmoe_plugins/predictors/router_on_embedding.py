@@ -36,7 +36,8 @@ class RouterOnEmbeddingPredictor(Predictor):
         h = self.target.embed(ids)
         out = []
         for norm, router in zip(self.target.router_inputs_norms(), self.target.routers()):
-            out.append(router(norm(h))[-1])
+            x = h.to(norm.weight.device)  # a target spread over devices: each layer runs where it lives
+            out.append(router(norm(x))[-1].to(ids.device))
         return torch.stack(out, dim=1)
 
     @torch.no_grad()

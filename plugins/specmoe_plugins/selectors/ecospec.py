@@ -7,8 +7,12 @@ Candidates are limited to nodes whose parent is already selected. By prefix cons
 scores above its parent under the same buffer) this picks the same nodes as the paper's scan over every
 unselected node, up to ties, and the result is ancestor-closed by construction.
 
-With a batch, one buffer is shared across rows (paper Appendix A): rows compete in one greedy sequence, so
-E is reduced for the union over the batch.
+Batches. The paper runs Algorithm 1 once per sequence: each row has its own buffer, starting from the
+initial buffer ``B0`` (its Appendix A measures batch sizes up to 8 but describes no buffer shared by the batch).
+That is the default here (``shared_buffer: false``). ``shared_buffer: true`` is **this project's extension**:
+one buffer for the whole batch, rows competing in one greedy sequence, so that a row's picks favour the
+experts that other rows already load (the verification pass reads the union over the batch). It changes which
+nodes a row verifies depending on the other rows, so it is opt-in. With batch size 1 both are the same.
 
 The sets are packed into 64-bit words on the host (:class:`~specmoe.decoding.selection.PackedPool`) and each
 pick costs a few numpy operations over the current candidates (:func:`~specmoe.decoding.selection.greedy_packed`).
@@ -38,8 +42,10 @@ class EcoSpecSelector(Selector):
     @dataclass
     class Config:
         eps: float = 1.0e-6
-        shared_buffer: bool = True
-        """with batch > 1: one buffer for the whole batch (Appendix A); else one per row."""
+        shared_buffer: bool = False
+        """with batch > 1: ``false`` (default) one buffer per row, the paper's Algorithm 1 run per sequence;
+        ``true`` one buffer for the whole batch (this project's extension, not in the paper). The default
+        reproduces the paper; identical at batch size 1."""
 
     def select(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
                buffer: torch.Tensor | None = None) -> torch.Tensor:

@@ -10,7 +10,6 @@ per-layer expert load balance, train time and tokens, and greedy continuations o
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -23,8 +22,9 @@ from typing import Any, Optional
 
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
+from specmoe.training.router_balance import RouterCollapseError
 from specmoe.training.text_data import GSM8K_TRAIN, TextSource
-from specmoe.training.trainer import TrainerOptions
+from specmoe.training.trainer import TrainerOptions, stage_trainer_options, trainer_key_facts
 
 __all__ = ["PretrainTarget", "DEFAULT_MODELS"]
 
@@ -45,13 +45,10 @@ DEFAULT_MODELS: dict[str, dict[str, Any]] = {
 
 
 def _default_trainer() -> TrainerOptions:
-    # threads: build_trainer uses all cores unless the machine is already loaded (then 1: oversubscribed
-    # threads were ~10x slower per step on 2 shared cores); bf16 autocast: ~1.25x faster CPU steps than fp32
-    # (avx512_bf16), weights and export stay fp32. max_steps is the schedule length; the 10-minute cap
-    # (max_train_minutes) usually stops training first on 2 cores, and the time-aware schedule still ends low.
-    return TrainerOptions(max_epochs=-1, max_steps=800, val_check_interval=100, check_val_every_n_epoch=None,
-                          log_every_n_steps=10, gradient_clip_val=1.0, enable_progress_bar=True,
-                          precision="bf16-mixed")
+    # the step budget sets the length (and the cosine schedule): the same on every machine. precision auto:
+    # bf16-mixed where bf16 is native (weights and export stay fp32), fp32 elsewhere.
+    return TrainerOptions(max_epochs=-1, max_steps=200, val_check_interval=50, check_val_every_n_epoch=None,
+                          log_every_n_steps=10, gradient_clip_val=1.0, enable_progress_bar=True)
 
 
 class PretrainTarget(Stage):
@@ -59,6 +56,7 @@ class PretrainTarget(Stage):
 
     description = "pretrain a small GPT-OSS-style MoE target on GSM8K train (HF checkpoint + tokenizer)"
     version = "1"
+    key_facts = classmethod(trainer_key_facts)  # resolved precision in the cache key
     distributed = True  # Lightning DDP under torchrun / SLURM: every rank trains, rank 0 exports
 
     @dataclass
@@ -78,23 +76,30 @@ class PretrainTarget(Stage):
         """documents joined by a blank line per context at most (k-shot prompts are in-distribution)."""
         batch_size: int = 2
         val_fraction: float = 0.02
-        lr: float = 3e-3
+        lr: float = 2e-3
+        """peak AdamW learning rate (2e-3: the best of 1.4e-3, 2e-3, 3e-3, 6e-3 at 200 steps of the demo)."""
         weight_decay: float = 0.1
         warmup_steps: int = 20
         min_lr_ratio: float = 0.1
         trainer: TrainerOptions = field(default_factory=_default_trainer)
-        """Lightning Trainer options; ``max_steps`` sets the schedule length. Defaults: ``max_steps: 800,
-        max_epochs: -1, val_check_interval: 100, check_val_every_n_epoch: null, gradient_clip_val: 1.0,
-        precision: bf16-mixed, log_every_n_steps: 10``; a recipe's partial ``trainer:`` mapping keeps the
-        others."""
+        """Lightning Trainer options; ``max_steps`` is the training length and the schedule's. Defaults:
+        ``max_steps: 200, max_epochs: -1, val_check_interval: 50, check_val_every_n_epoch: null,
+        gradient_clip_val: 1.0, precision: auto, log_every_n_steps: 10``; a recipe's partial ``trainer:``
+        mapping keeps the others. ``max_time`` is an opt-in guard: a stage it stops is not complete."""
         seed: int = 0
-        max_train_minutes: Optional[float] = 10.0
-        """wall-clock cap of training (Lightning ``max_time``, kept across resumes); ignored when
-        ``trainer.max_time`` is set; null: no cap. The cosine schedule anneals by whichever comes first,
-        ``trainer.max_steps`` or this budget, so a clock-stopped run still ends at the low learning rate."""
+        router_z_loss_coef: float = 0.0
+        """router z-loss weight (ST-MoE); the load-balancing loss weight is the model's
+        ``router_aux_loss_coef``."""
+        balance_rate: Optional[float] = None
+        """auxiliary-loss-free balancing (DeepSeek-V3): router-bias update per optimizer step (0: off;
+        null: ``specmoe.training.pretrain.DEFAULT_BALANCE_RATE`` where the router has a bias, GPT-OSS and
+        DeepSeek-V3, else 0)."""
         checkpoint_every_n_steps: int = 50
         collapse_fraction: float = 0.5
-        """router-collapse limit (see ``specmoe.training.pretrain.check_router_collapse``)."""
+        """router-collapse limit on the share of each layer's top-k busiest experts, checked at every
+        validation and on the test text (see ``specmoe.training.router_balance.check_router_collapse``)."""
+        max_dead_fraction: float = 0.25
+        """router-collapse limit on the share of experts without any token (1: not checked)."""
         test: Optional[TextSource] = field(
             default_factory=lambda: TextSource(path="gsm8k/test.jsonl", limit=200))
         """evaluation text (never trained on) for the summary's test perplexity, load balance and samples
@@ -120,9 +125,7 @@ class PretrainTarget(Stage):
             return json.loads(done.read_text())
         data_dir = self._data_dir(ctx)
         sources = [s if isinstance(s, TextSource) else TextSource(**s) for s in cfg.sources]
-        topts = cfg.trainer if isinstance(cfg.trainer, TrainerOptions) else TrainerOptions(**cfg.trainer)
-        if topts.max_time is None and cfg.max_train_minutes is not None:
-            topts = dataclasses.replace(topts, max_time=_minutes_to_dhms(cfg.max_train_minutes))
+        topts = stage_trainer_options(type(self), {"trainer": cfg.trainer})
         L.seed_everything(cfg.seed, workers=True, verbose=False)
 
         tokenizer = self._tokenizer(out, data_dir, sources)
@@ -131,19 +134,18 @@ class PretrainTarget(Stage):
                               docs_per_context=cfg.docs_per_context)
         module = PretrainLM(self._model_config(tokenizer), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio,
-                            collapse_fraction=cfg.collapse_fraction,
-                            time_budget_s=_dhms_to_seconds(topts.max_time))
+                            router_z_loss_coef=cfg.router_z_loss_coef, balance_rate=cfg.balance_rate,
+                            collapse_fraction=cfg.collapse_fraction, max_dead_fraction=cfg.max_dead_fraction)
         trainer = self._trainer(topts, out, ctx)
         ckpt = out / "checkpoints" / "last.ckpt"
-        started = time.time()
+        started = time.perf_counter()
         with warnings.catch_warnings():  # TextDataModule resumes mid-epoch itself (SeededSampler.resume_at)
             warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
             trainer.fit(module, datamodule=data, ckpt_path=resume_checkpoint(ckpt))
         trainer.save_checkpoint(str(ckpt))
         if not trainer.is_global_zero:  # multi-process runs: rank 0 exports and evaluates
             return {"complete": False, "rank": int(trainer.global_rank)}
-        timer = next((c for c in trainer.callbacks if isinstance(c, L.pytorch.callbacks.Timer)), None)
-        train_s = timer.time_elapsed("train") if timer is not None else time.time() - started
+        train_s = time.perf_counter() - started
 
         module.model.config.output_router_logits = False
         module.counter.remove()
@@ -155,7 +157,9 @@ class PretrainTarget(Stage):
             complete=True, arch=cfg.arch, steps=steps, train_time_s=round(train_s, 1),
             train_tokens=steps * cfg.batch_size * cfg.block_size * topts.accumulate_grad_batches * world,
             corpus_train_tokens=int(data.train_tokens), corpus_val_tokens=int(data.val_tokens),
-            threads=torch.get_num_threads(), **self._model_facts(module.model))
+            precision=str(trainer.precision), threads=torch.get_num_threads(), balance_rate=module.balance_rate,
+            seconds_per_step=round(train_s / max(1, steps - module.start_step), 3),
+            **self._model_facts(module.model))
         del module, trainer
         summary.update(self._evaluate(out, data, data_dir))
         collapse = summary.pop("collapse")
@@ -164,8 +168,6 @@ class PretrainTarget(Stage):
         done.write_text(json.dumps(summary, indent=2))
         self._log_summary(ctx, summary, out)
         if collapse:
-            from specmoe.training.pretrain import RouterCollapseError
-
             raise RouterCollapseError(f"stage pretrain_target ({out}): {collapse}")
         return summary
 
@@ -235,7 +237,8 @@ class PretrainTarget(Stage):
     def _evaluate(self, out: Path, data: Any, data_dir: Path) -> dict[str, Any]:
         """Perplexity and load balance of the exported checkpoint, loaded as the ``hf`` target; samples."""
         from specmoe.registry import targets
-        from specmoe.training.pretrain import RouterCollapseError, check_router_collapse, evaluate_blocks
+        from specmoe.training.pretrain import evaluate_blocks
+        from specmoe.training.router_balance import balance_stats, check_router_collapse
         from specmoe.training.text_data import pack_documents, read_documents
 
         HFTarget = targets.get("hf")  # the exported checkpoint, loaded as any recipe would load it
@@ -259,11 +262,10 @@ class PretrainTarget(Stage):
         res["samples"] = [self._sample(model, tok, r) for r in records if "question" in r]
         try:
             stats = check_router_collapse(counts, target.top_k, collapse_fraction=cfg.collapse_fraction,
-                                          layer_ids=layer_ids)
+                                          max_dead_fraction=cfg.max_dead_fraction, layer_ids=layer_ids,
+                                          where=f"the end, on the {'test' if test is not None else 'val'} text")
             res["collapse"] = None
         except RouterCollapseError as exc:
-            from specmoe.training.pretrain import balance_stats
-
             stats = balance_stats(counts, target.top_k)
             res["collapse"] = str(exc)
         res["load_balance_on"] = "test" if test is not None else "val"
@@ -313,24 +315,3 @@ def _read_records(path: Path, n: int) -> list[dict[str, Any]]:
             if line.strip():
                 out.append(json.loads(line))
     return out
-
-
-def _minutes_to_dhms(minutes: float) -> str:
-    total = max(1, int(round(minutes * 60)))
-    d, rem = divmod(total, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
-    return f"{d:02d}:{h:02d}:{m:02d}:{s:02d}"
-
-
-def _dhms_to_seconds(value: Optional[str]) -> Optional[float]:
-    if not value:
-        return None
-    try:
-        parts = [int(p) for p in str(value).split(":")]
-    except ValueError as exc:
-        raise UserError(f"trainer.max_time '{value}' is not DD:HH:MM:SS") from exc
-    secs = 0
-    for p, unit in zip(reversed(parts), (1, 60, 3600, 86400)):
-        secs += p * unit
-    return float(secs)

@@ -23,7 +23,7 @@ from typing import Any, Optional
 from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
-from specmoe.training.trainer import TrainerOptions
+from specmoe.training.trainer import TrainerOptions, trainer_key_facts
 
 __all__ = ["TrainPredictor", "resolve_target_embedding"]
 
@@ -65,6 +65,7 @@ class TrainPredictor(Stage):
 
     description = "train the learned expert predictor (paper 4.1) on routing traces (Lightning, DDP/FSDP)"
     version = "1"
+    key_facts = classmethod(trainer_key_facts)  # resolved precision in the cache key
     distributed = True  # Lightning DDP: every rank trains
 
     @dataclass

@@ -4,15 +4,22 @@
 Loaded with ``from_pretrained`` from a local directory or a hub id (``tiny:`` builds a small random model
 into the cache first and then loads it through the same call). Routing is read from the model's own experts
 modules with forward pre-hooks, which see ``(hidden [T, H], top_k_index [T, K], top_k_weights [T, K])``.
+
+Devices: a model spread over devices by a ``device_map`` runs each layer where it lives; everything a forward
+pass returns that crosses layers (routing of every MoE layer, hidden states for drafters, logits) is moved once
+per pass to :attr:`HFTarget.device`, the device of the input embedding, where the engine keeps its own tensors
+(KV-cache positions and masks, trees, sampling generator). Masks and positions are made there too; the model's
+device hooks move them to each layer.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
@@ -20,11 +27,30 @@ from specmoe.errors import UserError
 from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.target import Target, TargetOutput, TargetParts
+from specmoe.models import attention, linear
+from specmoe.models.expert_bytes import ExpertBytes, expert_bytes
 from specmoe.models.hf_masks import MaskSpec
 
-__all__ = ["HFTarget"]
+__all__ = ["HFTarget", "hf_expert_bytes"]
 
 logger = logging.getLogger(__name__)
+
+
+def hf_expert_bytes(model: Any, checkpoint_config: Any) -> ExpertBytes:
+    """Bytes of one routed expert of a Hugging Face MoE model, loaded and as its checkpoint stores them.
+
+    The loaded size comes from the first MoE layer's experts module as loaded; the stored size from an
+    unquantized copy of that layer built on the meta device from ``checkpoint_config`` (the checkpoint's own
+    ``config.json``, with its ``quantization_config``), so that it does not depend on how the model was loaded.
+    """
+    layers = model.model.layers
+    idx = next(i for i, layer in enumerate(layers) if hasattr(getattr(layer, "mlp", None), "experts"))
+    loaded = layers[idx].mlp.experts
+    with torch.device("meta"):
+        plain = type(layers[idx])(checkpoint_config, idx).mlp.experts
+    num = int(getattr(plain, "num_experts", 0) or plain.gate_up_proj.shape[0])
+    return expert_bytes(plain, loaded, num, checkpoint_config, f"model.layers.{idx}.mlp.experts")
+
 
 class HFTarget(Target):
     """A Hugging Face MoE causal LM."""
@@ -42,15 +68,20 @@ class HFTarget(Target):
         device: Optional[str] = None
         """``cpu``, ``cuda``, ``cuda:1``; default: the device a stage runs on, else ``cpu``; ignored with
         ``device_map``."""
-        device_map: Optional[str] = None
-        """e.g. ``auto`` to spread a large checkpoint over all visible GPUs."""
+        device_map: Optional[Union[str, dict[str, Any]]] = None
+        """``auto`` to spread a large checkpoint over all visible GPUs, or an explicit ``{module: device}``
+        mapping (``transformers``' ``device_map``)."""
         attn_implementation: Optional[str] = None
-        """default: ``eager`` (GPT-OSS has no CPU sdpa; eager is exact with additive float tree masks)."""
+        """default: ``specmoe_gqa`` (:mod:`specmoe.models.attention`: eager's math with additive float masks and
+        GPT-OSS sinks, without materialising repeated KV heads); ``eager`` is the model library's own."""
         revision: Optional[str] = None
         dequantize_mxfp4: bool = True
         """GPT-OSS MXFP4 checkpoints are dequantized to ``dtype`` on load (the experts hooks need it)."""
         tokenizer: Optional[str] = None
         """tokenizer path or hub id; default: the checkpoint's own (none for tiny models)."""
+        fast_linear: bool = True
+        """route the model's linear layers through :func:`specmoe.models.linear.linear` (on CPUs, 2-8 rows take
+        the faster BLAS orientation; elsewhere ``F.linear``)."""
         cache_dir: str = ".specmoe_cache/tiny_targets"
         local_files_only: bool = False
 
@@ -60,6 +91,7 @@ class HFTarget(Target):
         self.tokenizer: Any = None
         self._capture: list[torch.Tensor] | None = None
         self._hooks: list[Any] = []
+        self._checkpoint_config: Any = None
         self.load()
 
     # ------------------------------------------------------------------ loading
@@ -102,12 +134,18 @@ class HFTarget(Target):
         except (OSError, ValueError) as exc:
             where = Path(path) / "config.json" if Path(path).is_dir() else path
             raise UserError(f"target: cannot read {where}: {str(exc).splitlines()[0]}; {fix}") from exc
-        kwargs: dict[str, Any] = dict(dtype=dtype, attn_implementation=cfg.attn_implementation or "eager",
-                                      revision=cfg.revision, local_files_only=cfg.local_files_only)
+        self._checkpoint_config = hf_cfg  # as stored (quantization_config), whatever the load does
+        attention.register()
+        attn = cfg.attn_implementation or attention.ATTN_IMPLEMENTATION
+        kwargs: dict[str, Any] = dict(dtype=dtype, attn_implementation=attn, revision=cfg.revision,
+                                      local_files_only=cfg.local_files_only)
         qcfg = getattr(hf_cfg, "quantization_config", None)
         if qcfg is not None and cfg.dequantize_mxfp4 and "mxfp4" in str(qcfg).lower():
             kwargs["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
         if cfg.device_map:
+            if importlib.util.find_spec("accelerate") is None:
+                raise UserError("target.device_map needs the 'accelerate' package: pip install 'specmoe[accelerate]' "
+                                "(or pip install accelerate)")
             kwargs["device_map"] = cfg.device_map
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -131,6 +169,8 @@ class HFTarget(Target):
             model.to(cfg.device or "cpu")
         model.eval()
         model.requires_grad_(False)
+        if cfg.fast_linear:
+            linear.install(model)
         self.model = model
         self.path = path
         tok_path = cfg.tokenizer or path
@@ -156,10 +196,9 @@ class HFTarget(Target):
         self._num_experts = int(first.experts.num_experts if hasattr(first.experts, "num_experts")
                                 else first.experts.gate_up_proj.shape[0])
         self._top_k = int(getattr(c, "num_experts_per_tok", None) or first.router.top_k)
-        ex = first.experts
-        n_params = sum(p.numel() for p in ex.parameters())
-        self._bytes_per_expert = int(n_params // self._num_experts * ex.gate_up_proj.element_size())
+        self._expert_bytes = hf_expert_bytes(self.model, self._checkpoint_config or c)
         self._masks = MaskSpec(c)
+        self._device = self.model.get_input_embeddings().weight.device
         for ex_mod in self._experts:
             self._hooks.append(ex_mod.register_forward_pre_hook(self._routing_hook))
         self._eos = self._collect_eos()
@@ -174,13 +213,29 @@ class HFTarget(Target):
         return sorted({int(i) for i in ids})
 
     def _routing_hook(self, module: Any, args: tuple) -> None:
-        if self._capture is not None:
-            self._capture.append(args[1].detach())
+        if self._capture is not None:  # forward passes run without autograd: no detach needed
+            self._capture.append(args[1])
+
+    def _home(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on :attr:`device` (a no-op for a model on one device)."""
+        if t.device == self._device:
+            return t
+        return t.to(self._device, non_blocking=self._device.type == "cuda")  # a host copy must be complete
+
+    def _routing(self, b: int, n: int) -> torch.Tensor:
+        """``[B, N, L, K]`` from the per-layer captures (each on its layer's device), on :attr:`device`."""
+        return torch.stack([self._home(r) for r in self._capture], dim=1).view(b, n, len(self._moe_ids), -1)
+
+    def _hidden(self, hidden_states: Sequence[torch.Tensor], layers: Sequence[int]) -> torch.Tensor | None:
+        if not layers:
+            return None
+        return torch.cat([self._home(hidden_states[i]) for i in layers], dim=-1)
 
     # ------------------------------------------------------------------ structure
     @property
     def device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
+        """The input embedding's device: where inputs go and every output is returned (see the module doc)."""
+        return self._device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -212,7 +267,15 @@ class HFTarget(Target):
 
     @property
     def bytes_per_expert(self) -> int:
-        return self._bytes_per_expert
+        return self._expert_bytes.loaded
+
+    @property
+    def bytes_per_expert_stored(self) -> int:
+        return self._expert_bytes.stored
+
+    @property
+    def expert_storage(self) -> str:
+        return self._expert_bytes.storage
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -247,6 +310,7 @@ class HFTarget(Target):
     def to(self, device: torch.device | str) -> None:
         if not self.config.device_map:
             self.model.to(device)
+            self._device = self.model.get_input_embeddings().weight.device
 
     def parts(self) -> TargetParts:
         model, base = self.model, self.model.model
@@ -269,7 +333,7 @@ class HFTarget(Target):
     def forward(self, input_ids: torch.Tensor, kv: KVState, positions: torch.Tensor,
                 attend: torch.Tensor | None = None, valid: torch.Tensor | None = None, *,
                 hidden_layers: Sequence[int] = (), capture_routing: bool = False,
-                cached_attend: torch.Tensor | None = None) -> TargetOutput:
+                cached_attend: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> TargetOutput:
         b, n = input_ids.shape
         dev = input_ids.device
         if attend is None:
@@ -279,19 +343,18 @@ class HFTarget(Target):
         mask = self._masks.build(kv, positions, attend, valid, self.dtype, cached_attend)
         self._capture = [] if capture_routing else None
         try:
-            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=kv.cache,
-                             use_cache=True, output_hidden_states=bool(hidden_layers))
-            routing = None
-            if capture_routing:
-                routing = torch.stack(self._capture, dim=1).view(b, n, len(self._moe_ids), -1)
+            out = self.model.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                   cache=kv.cache, use_cache=True, output_hidden_states=bool(hidden_layers))
+            routing = self._routing(b, n) if capture_routing else None
         finally:
             self._capture = None
         kv.append(positions, valid)
-        hidden = None
-        if hidden_layers:
-            hs = out.hidden_states
-            hidden = torch.cat([hs[i] for i in hidden_layers], dim=-1)
-        return TargetOutput(logits=out.logits.float(), hidden=hidden, routing=routing)
+        last = out.last_hidden_state
+        if logits_at is not None:
+            last = last.gather(1, logits_at.to(last.device)[:, :, None].expand(-1, -1, last.shape[-1]))
+        logits = self._home(self.model.get_output_embeddings()(last)).float()
+        hidden = self._hidden(out.hidden_states, hidden_layers) if hidden_layers else None
+        return TargetOutput(logits=logits, hidden=hidden, routing=routing)
 
     def new_standard_cache(self) -> Any:
         from transformers import DynamicCache
@@ -299,19 +362,19 @@ class HFTarget(Target):
         return DynamicCache(config=self.model.config)
 
     @torch.no_grad()
-    def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor,
+    def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
                          cache: Any = None, *, hidden_layers: Sequence[int] = (), capture_routing: bool = False,
-                         compute_logits: bool = True) -> TargetOutput:
+                         compute_logits: bool = True, logits_to_keep: int = 0) -> TargetOutput:
         b, n = input_ids.shape
         net = self.model if compute_logits else self.model.model  # the decoder body has no LM head
+        extra = {"logits_to_keep": logits_to_keep} if compute_logits else {}
         self._capture = [] if capture_routing else None
         try:
             out = net(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                      use_cache=cache is not None, output_hidden_states=bool(hidden_layers))
-            routing = None
-            if capture_routing:
-                routing = torch.stack(self._capture, dim=1).view(b, n, len(self._moe_ids), -1)
+                      use_cache=cache is not None, output_hidden_states=bool(hidden_layers), **extra)
+            routing = self._routing(b, n) if capture_routing else None
         finally:
             self._capture = None
-        hidden = torch.cat([out.hidden_states[i] for i in hidden_layers], dim=-1) if hidden_layers else None
-        return TargetOutput(logits=out.logits.float() if compute_logits else None, hidden=hidden, routing=routing)
+        hidden = self._hidden(out.hidden_states, hidden_layers)
+        return TargetOutput(logits=self._home(out.logits).float() if compute_logits else None, hidden=hidden,
+                            routing=routing)

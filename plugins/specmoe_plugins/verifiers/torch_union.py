@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Optional
 
 import torch
 
@@ -18,15 +18,18 @@ __all__ = ["TorchUnionVerifier"]
 class TorchUnionVerifier(Verifier):
     """Reads each union expert once and multiplies it by all tokens routed to it (PyTorch)."""
 
-    description = "union-grouped experts in PyTorch: one matmul per union expert, fp32 accumulation"
+    description = "union-grouped experts in PyTorch: each union expert's weights read once, fp32 accumulation"
 
     @dataclass
     class Config:
-        pass
+        strategy: Optional[Literal["grouped", "loop"]] = None
+        """``grouped`` (``grouped_mm`` over the slots sorted by expert: a fixed number of operations, no host
+        sync), ``loop`` (one matmul per union expert); default: ``grouped`` where torch runs it for the weights'
+        device and dtype (see :mod:`specmoe.kernels.union_torch`)."""
 
     def implementation_name(self) -> str:
         return "specmoe_torch_union"
 
     def experts_forward(self, module: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
                         top_k_weights: torch.Tensor) -> torch.Tensor:
-        return union_experts_forward(module, hidden, top_k_index, top_k_weights)
+        return union_experts_forward(module, hidden, top_k_index, top_k_weights, self.config.strategy)

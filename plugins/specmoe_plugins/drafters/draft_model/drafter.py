@@ -18,6 +18,7 @@ from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.tree import DraftTree
+from specmoe.models import linear
 from specmoe.models.hf_masks import MaskSpec
 
 __all__ = ["DraftModelDrafter", "DraftState"]
@@ -79,6 +80,7 @@ class DraftModelDrafter(Drafter):
         except OSError as exc:
             raise UserError(f"drafter draft_model: cannot load '{path}': {exc}") from exc
         self.model.to(target.device).eval().requires_grad_(False)
+        linear.install(self.model)  # inference: skinny rows take the faster CPU BLAS route
         vocab = int(self.model.config.vocab_size)
         if vocab < target.vocab_size:
             raise UserError(f"drafter draft_model: vocabulary {vocab} is smaller than the target's "

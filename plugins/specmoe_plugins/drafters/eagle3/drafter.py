@@ -7,8 +7,9 @@ after the target (``init``). The target hidden states it needs are chosen by SGL
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` (:func:`~specmoe_plugins.drafters.eagle3.model.capture_indices`).
 
 Per draft call: one draft forward over the newly committed tokens (paired with the target features before
-them; it also yields the root's distribution), then one forward per further tree level. The draft KV cache
-keeps only committed context; tree keys are temporaries.
+them; it also yields the root's distribution), then one forward per further tree level. The draft KV cache is
+preallocated and written in place; it keeps only committed context (tree keys use its free slots while a pool
+is built).
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.tree import DraftTree
+from specmoe.models import linear
 from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model, capture_indices
 from specmoe_plugins.drafters.eagle3.tree import TreeContext, draft_pool
 
 __all__ = ["Eagle3Drafter", "Eagle3State", "init_config"]
+
+#: slots a fresh draft cache holds beyond twice the first committed block (grows by doubling beyond)
+_ROOM = 256
 
 
 def init_config(target: Any, **overrides: Any) -> Eagle3Config:
@@ -65,14 +70,26 @@ def init_config(target: Any, **overrides: Any) -> Eagle3Config:
 class Eagle3State:
     """Per-generation draft state: the committed-context KV cache and the current root."""
 
-    k: Optional[torch.Tensor] = None  # [B, Hkv, S, D]
-    v: Optional[torch.Tensor] = None
-    valid: Optional[torch.Tensor] = None  # [B, S]
+    ctx: Optional[TreeContext] = None  # keys / values [B, Hkv, C, D] and validity [B, C] of committed slots
     root: Optional[torch.Tensor] = None  # [B]
     root_hidden: Optional[torch.Tensor] = None  # [B, H]
     root_logp: Optional[torch.Tensor] = None  # [B, Vd]
     root_pos: Optional[torch.Tensor] = None  # [B]
     prev_hidden: Optional[torch.Tensor] = None  # [B, H] output of the step before the root's (node features)
+
+    @property
+    def k(self) -> Optional[torch.Tensor]:
+        """``[B, Hkv, S, D]`` cached keys of the committed context (a view)."""
+        return None if self.ctx is None else self.ctx.k.narrow(2, 0, self.ctx.length)
+
+    @property
+    def v(self) -> Optional[torch.Tensor]:
+        return None if self.ctx is None else self.ctx.v.narrow(2, 0, self.ctx.length)
+
+    @property
+    def valid(self) -> Optional[torch.Tensor]:
+        """``[B, S]`` bool committed slots."""
+        return None if self.ctx is None else self.ctx.allowed.narrow(1, 0, self.ctx.length)
 
 
 class Eagle3Drafter(Drafter):
@@ -154,6 +171,7 @@ class Eagle3Drafter(Drafter):
         c = model.config  # a loaded draft was checked against the target's embedding (check_target_fit)
         self._layers = capture_indices(c.aux_layer_ids, target.num_hidden_layers)
         self.model = model.requires_grad_(False)
+        linear.install(self.model)  # inference: skinny rows take the faster CPU BLAS route
         self.target = target
 
     def begin(self, batch_size: int) -> Eagle3State:
@@ -173,19 +191,20 @@ class Eagle3Drafter(Drafter):
         valid = committed.valid & (pos > 0)  # position 0 has no previous feature (EAGLE drops it too)
         dtype = m.fc.weight.dtype
         hidden = m.project(committed.features.to(device=m.fc.weight.device, dtype=dtype))
-        if state.k is None:
-            shape = (bsz, c.num_key_value_heads, 0, c.head_dim)
-            state.k = torch.zeros(shape, dtype=dtype, device=dev)
-            state.v = torch.zeros(shape, dtype=dtype, device=dev)
-            state.valid = torch.zeros(bsz, 0, dtype=torch.bool, device=dev)
-        s = state.valid.shape[1]
+        if state.ctx is None:
+            shape = (bsz, c.num_key_value_heads, 2 * n + _ROOM, c.head_dim)
+            state.ctx = TreeContext(torch.zeros(shape, dtype=dtype, device=dev),
+                                    torch.zeros(shape, dtype=dtype, device=dev),
+                                    torch.zeros(bsz, shape[2], dtype=torch.bool, device=dev), 0)
+        ctx = state.ctx
+        s = ctx.length
+        ctx.reserve(n)
         causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()[None] & valid[:, None, :]
         causal = causal | torch.eye(n, dtype=torch.bool, device=dev)[None]  # padding queries see themselves
         old = state.valid[:, None, :].expand(bsz, n, s) & valid[:, :, None]
-        out, k, v = m.step(tokens, hidden, pos - 1, state.k, state.v, torch.cat([old, causal], dim=2))
-        state.k = torch.cat([state.k, k], dim=2)
-        state.v = torch.cat([state.v, v], dim=2)
-        state.valid = torch.cat([state.valid, valid], dim=1)
+        out = m.step_into(tokens, hidden, pos - 1, ctx.k, ctx.v, s, torch.cat([old, causal], dim=2))
+        ctx.allowed.narrow(1, s, n).copy_(valid)
+        ctx.length = s + n
         counts = valid.sum(dim=1)
         has = counts > 0
         last = valid.long().cumsum(dim=1).argmax(dim=1)  # index of the last valid pair
@@ -210,6 +229,5 @@ class Eagle3Drafter(Drafter):
     @torch.no_grad()
     def draft(self, state: Eagle3State, committed: Committed, steps: int, top_k: int) -> DraftTree:
         self._absorb(state, committed)
-        ctx = TreeContext(state.k, state.v, state.valid)
-        return draft_pool(self.model, ctx, state.root, state.root_hidden, state.root_logp, state.root_pos,
+        return draft_pool(self.model, state.ctx, state.root, state.root_hidden, state.root_logp, state.root_pos,
                           steps, top_k, prev_hidden=state.prev_hidden)

@@ -231,7 +231,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """Masked attention with grouped KV heads.
+    """Masked attention with grouped KV heads, reading each KV head once (the query heads of a group are
+    stacked along the query axis; no repeated keys / values are materialised).
 
     Args:
         q: ``[B, Hq, N, D]``; k, v: ``[B, Hkv, S, D]``.
@@ -240,11 +241,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Ten
     Returns:
         ``[B, Hq, N, D]``.
     """
-    rep = q.shape[1] // k.shape[1]
+    b, hq, n, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    rep = hq // hkv
+    mask = allowed[:, None]
     if rep > 1:
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+        q = q.reshape(b, hkv, rep * n, d)
+        mask = mask[:, :, None].expand(b, 1, rep, n, s).reshape(b, 1, rep * n, s)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.view(b, hq, n, v.shape[-1])
 
 
 class Eagle3Model(nn.Module):
@@ -325,6 +330,18 @@ class Eagle3Model(nn.Module):
         keys = k if past_k is None else torch.cat([past_k, k], dim=2)
         values = v if past_v is None else torch.cat([past_v, v], dim=2)
         return self.finish(attend(q, keys, values, allowed), residual), k, v
+
+    def step_into(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                  cache_k: torch.Tensor, cache_v: torch.Tensor, start: int, allowed: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` over a preallocated cache: the ``N`` new keys / values are written in place at slots
+        ``start .. start + N`` of ``cache_k, cache_v [B, Hkv, C, D]``, and the inputs attend to slots
+        ``0 .. start + N`` (``allowed [B, N, start + N]``). Returns ``out [B, N, H]``."""
+        q, k, v, residual = self.qkv(tokens, hidden, positions)
+        n = k.shape[2]
+        cache_k.narrow(2, start, n).copy_(k)
+        cache_v.narrow(2, start, n).copy_(v)
+        keys, values = cache_k.narrow(2, 0, start + n), cache_v.narrow(2, 0, start + n)
+        return self.finish(attend(q, keys, values, allowed), residual)
 
     # ------------------------------------------------------------------ vocabulary
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

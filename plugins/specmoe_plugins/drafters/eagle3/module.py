@@ -129,8 +129,9 @@ class Eagle3Module(L.LightningModule):
             A :class:`~specmoe.interfaces.tree.DraftTree` of ``P`` rows.
         """
         n = out.k0.shape[2]
-        ctx = TreeContext(out.k0[rows].detach(), out.v0[rows].detach(),
-                          (torch.arange(n, device=input_ids.device)[None] <= positions[:, None]) & out.valid0[rows])
+        ctx = TreeContext.wrap(out.k0[rows].detach(), out.v0[rows].detach(),
+                               (torch.arange(n, device=input_ids.device)[None] <= positions[:, None])
+                               & out.valid0[rows], room=max(steps - 1, 0) * top_k)
         root_lp = torch.log_softmax(out.logits[0][rows, positions].detach().float(), dim=-1)
         return draft_pool(model, ctx, input_ids[rows, positions + 1], out.hidden[0][rows, positions].detach(),
                           root_lp, positions, steps, top_k)

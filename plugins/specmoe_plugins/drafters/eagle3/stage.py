@@ -35,7 +35,7 @@ from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.stage import Stage, StageContext
-from specmoe.training.trainer import TrainerOptions
+from specmoe.training.trainer import TrainerOptions, trainer_key_facts
 
 __all__ = ["DraftTrainConfig", "TrainEagle3"]
 
@@ -85,6 +85,7 @@ class TrainEagle3(Stage):
 
     description = "train an EAGLE-3 draft (TTT, online target features), export in EAGLE-3 format"
     version = "1"
+    key_facts = classmethod(trainer_key_facts)  # resolved precision in the cache key (GTO inherits it)
     distributed = True  # Lightning DDP under torchrun / SLURM: every rank trains, rank 0 exports
 
     #: the options every EAGLE-3-network training stage shares (subclasses' ``Config`` extend it)

@@ -2,10 +2,11 @@
 """EAGLE-2/3 candidate pool of an EAGLE-3 draft over a KV context (inference and GTO training).
 
 The root's draft distribution comes from the last context step (the pair of the root token with the target
-feature before it). Each deeper level is one :meth:`Eagle3Model.step` over the ``top_k`` frontier nodes:
+feature before it). Each deeper level is one :meth:`Eagle3Model.step_into` over the ``top_k`` frontier nodes:
 input ``(node token, output hidden of its parent)``, position ``root_pos + depth``, attending to the context
-and to the node's own processed ancestors only. Tree keys live in temporaries that are dropped afterwards, so
-the caller's context holds only accepted tokens (EAGLE's ``stable_kv``).
+and to the node's own processed ancestors only. Tree keys are written into the context buffer's free slots
+after the context and forgotten afterwards (the length is reset; nothing is copied), so the context holds only
+accepted tokens (EAGLE's ``stable_kv``).
 """
 
 from __future__ import annotations
@@ -21,18 +22,54 @@ from specmoe_plugins.drafters.eagle3.model import Eagle3Model
 __all__ = ["TreeContext", "draft_pool"]
 
 
+def _grown(buf: torch.Tensor, length: int, need: int, dim: int) -> torch.Tensor:
+    cap = max(need, 2 * buf.shape[dim])
+    shape = list(buf.shape)
+    shape[dim] = cap
+    out = buf.new_zeros(shape)
+    out.narrow(dim, 0, length).copy_(buf.narrow(dim, 0, length))
+    return out
+
+
 @dataclass
 class TreeContext:
-    """What the tree's nodes attend to besides their ancestors.
+    """The draft's keys / values in preallocated buffers, written in place, and what the tree nodes see.
 
     Attributes:
-        k, v: ``[B, Hkv, S, D]`` cached keys / values (RoPE applied).
-        allowed: ``[B, S]`` bool, the context slots every node of row ``b`` may see.
+        k, v: ``[B, Hkv, C, D]`` buffers (RoPE applied); the first ``length`` slots are the context.
+        allowed: ``[B, C]`` bool, the context slots every node of row ``b`` may see.
+        length: slots in use.
     """
 
     k: torch.Tensor
     v: torch.Tensor
     allowed: torch.Tensor
+    length: int
+
+    @classmethod
+    def wrap(cls, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, room: int = 0) -> "TreeContext":
+        """A context holding ``k, v [B, Hkv, S, D]`` and ``allowed [B, S]`` with ``room`` free slots after it."""
+        ctx = cls(k, v, allowed, k.shape[2])
+        ctx.reserve(room)
+        return ctx
+
+    def reserve(self, room: int) -> None:
+        """Make sure ``room`` slots after :attr:`length` are allocated (grows the buffers by doubling)."""
+        need = self.length + room
+        if need > self.k.shape[2]:
+            self.k = _grown(self.k, self.length, need, 2)
+            self.v = _grown(self.v, self.length, need, 2)
+        if need > self.allowed.shape[1]:
+            self.allowed = _grown(self.allowed, self.length, need, 1)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> None:
+        """Write ``[B, Hkv, N, D]`` keys / values and ``[B, N]`` visibility after the context."""
+        n = k.shape[2]
+        self.reserve(n)
+        self.k.narrow(2, self.length, n).copy_(k)
+        self.v.narrow(2, self.length, n).copy_(v)
+        self.allowed.narrow(1, self.length, n).copy_(allowed)
+        self.length += n
 
 
 @torch.no_grad()
@@ -42,7 +79,8 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
     """Build the pool (``1 + top_k + (steps - 1) * top_k**2`` nodes) with ``steps - 1`` draft forwards.
 
     Args:
-        ctx: the context (must already contain the root's own step).
+        ctx: the context (must already contain the root's own step); its free slots hold the tree's keys while
+            the pool is built, its length is unchanged afterwards.
         root_tokens: ``[B]`` target ids; root_hidden: ``[B, H]`` output of the root's step;
         root_logp: ``[B, Vd]`` draft log-probabilities after the root;
         root_pos: ``[B]`` the root step's position.
@@ -56,27 +94,24 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
     node_hidden[:, 0] = root_hidden
     ar_b = torch.arange(bsz, device=dev)[:, None]
     ar_pool = torch.arange(n_pool, device=dev)
-    tmp_k: list[torch.Tensor] = []
-    tmp_v: list[torch.Tensor] = []
-    done: list[torch.Tensor] = []  # pool indices of the nodes whose keys are in tmp_k, in order
+    n_ctx = ctx.length
+    ctx.reserve(max(steps - 1, 0) * top_k)
+    context = ctx.allowed.narrow(1, 0, n_ctx)
+    done: list[torch.Tensor] = []  # pool indices of the nodes whose keys follow the context, in order
 
     def expand(tokens: torch.Tensor, pool_idx: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
         k = tokens.shape[1]
         parent = (ancestors.long() * ar_pool).argmax(dim=-1)  # deepest strict ancestor = largest index
         hidden = node_hidden[ar_b, parent]
         pos = root_pos[:, None] + ancestors.sum(dim=-1)
-        parts = [ctx.allowed[:, None, :].expand(bsz, k, ctx.allowed.shape[1])]
-        past_k, past_v = ctx.k, ctx.v
+        parts = [context[:, None, :].expand(bsz, k, n_ctx)]
         if done:
             prev = torch.cat(done, dim=1)
             parts.append(ancestors.gather(2, prev[:, None, :].expand(bsz, k, prev.shape[1])))
-            past_k = torch.cat([ctx.k, *tmp_k], dim=2)
-            past_v = torch.cat([ctx.v, *tmp_v], dim=2)
         parts.append(torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k))
-        out, nk, nv = model.step(tokens, hidden, pos, past_k, past_v, torch.cat(parts, dim=2))
+        start = n_ctx + k * len(done)
+        out = model.step_into(tokens, hidden, pos, ctx.k, ctx.v, start, torch.cat(parts, dim=2))
         node_hidden[ar_b, pool_idx] = out
-        tmp_k.append(nk)
-        tmp_v.append(nv)
         done.append(pool_idx)
         return torch.log_softmax(model.logits(out), dim=-1)
 

@@ -24,6 +24,7 @@ from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.tree import DraftTree
+from specmoe.models import linear
 
 __all__ = ["MTPDrafter", "MTPState"]
 
@@ -107,6 +108,7 @@ class MTPDrafter(Drafter):
         self.head = load_head(target.parts(), path, device=target.device, dtype=dtype,
                               layer_index=cfg.layer_index, recurse=cfg.recurse)
         self.head.eval().requires_grad_(False)
+        linear.install(self.head)  # inference: skinny rows take the faster CPU BLAS route
         self._dtype = self.head.eh_proj.weight.dtype
         self._vocab = target.vocab_size
 

@@ -21,6 +21,7 @@ from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.stage import Stage, StageContext
+from specmoe.training.trainer import trainer_key_facts
 
 __all__ = ["TrainMTP"]
 
@@ -30,6 +31,7 @@ class TrainMTP(Stage):
 
     description = "train a DeepSeek-V3 style MTP drafter head on a frozen target (online hidden states)"
     version = "1"
+    key_facts = classmethod(trainer_key_facts)  # resolved precision in the cache key
     distributed = True  # Lightning DDP under torchrun / SLURM: every rank trains, rank 0 exports
 
     @dataclass

@@ -1,0 +1,53 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Phase timing of decoding steps without host synchronisation.
+
+On a CUDA device every mark records an event on the current stream (the GPU's own timeline: the time a phase
+took as the device saw it, idle gaps waiting for the host included); the times are read once, after the timed
+region (:meth:`PhaseClock.seconds`), so timing adds no synchronisation to a step. Elsewhere a mark reads the
+host clock (``time.perf_counter``, or any clock given, e.g. ``time.thread_time`` on a shared CPU machine).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+__all__ = ["PhaseClock"]
+
+
+class PhaseClock:
+    """Marks points in time; differences between marks are read later.
+
+    Args:
+        device: the device the timed work runs on.
+        clock: host clock in seconds for non-CUDA devices (default ``time.perf_counter``).
+    """
+
+    def __init__(self, device: torch.device, clock: Callable[[], float] | None = None) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.clock = clock or time.perf_counter
+        self._marks: list = []
+
+    def mark(self) -> int:
+        """Record the current point in time; returns its index."""
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._marks.append(ev)
+        else:
+            self._marks.append(self.clock())
+        return len(self._marks) - 1
+
+    def seconds(self, start: int, end: int) -> float:
+        """Seconds between marks ``start`` and ``end`` (on CUDA: waits for ``end`` once)."""
+        if self.cuda:
+            self._marks[end].synchronize()
+            return self._marks[start].elapsed_time(self._marks[end]) / 1e3
+        return self._marks[end] - self._marks[start]
+
+    def sync(self) -> None:
+        """Wait for the device (the end of a timed region)."""
+        if self.cuda:
+            torch.cuda.synchronize()

@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Training-stage options that depend on the machine: precision ``auto`` (and the cache key that records
+it), thread counts, and a partial ``trainer:`` mapping in a recipe."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+import specmoe.training.trainer as trainer_mod
+from specmoe.training.trainer import (
+    TrainerOptions,
+    default_num_threads,
+    resolve_precision,
+    stage_trainer_options,
+    trainer_key_facts,
+)
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """A machine without a CUDA GPU; returns a setter for the CPU's native-bf16 probe."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def probe(native: bool) -> None:
+        monkeypatch.setattr(trainer_mod, "cpu_has_native_bf16", lambda: native)
+
+    return probe
+
+
+def test_auto_precision_follows_the_cpu_probe(cpu_only):
+    cpu_only(False)
+    assert resolve_precision("auto", "cpu") == resolve_precision("auto", "auto") == "32-true"
+    cpu_only(True)
+    assert resolve_precision("auto", "cpu") == resolve_precision("auto", "auto") == "bf16-mixed"
+    assert resolve_precision("32-true", "cpu") == "32-true"  # an explicit value is kept
+    assert TrainerOptions().precision == "auto"
+
+
+def test_native_bf16_probe_reads_torch(monkeypatch):
+    """The real probe: true iff torch reports AVX512-BF16 or AMX (x86) on this CPU."""
+    import torch
+
+    trainer_mod.cpu_has_native_bf16.cache_clear()
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(trainer_mod.os, "uname", lambda: type("U", (), {"machine": "x86_64"})())
+    assert trainer_mod.cpu_has_native_bf16() is False
+    trainer_mod.cpu_has_native_bf16.cache_clear()
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert trainer_mod.cpu_has_native_bf16() is True
+    trainer_mod.cpu_has_native_bf16.cache_clear()
+
+
+def test_precision_is_part_of_every_training_stage_key(cpu_only, tmp_path):
+    """The same recipe gets a different cache key where ``auto`` means fp32 than where it means bf16; an
+    explicit precision, and a stage that does not train, keep theirs."""
+    from specmoe.config.load import load_recipe
+    from specmoe.stages.runner import StageRunner
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(textwrap.dedent("""
+        name: keys
+        stages:
+          - {id: target, name: pretrain_target}
+          - {id: fixed, name: pretrain_target, trainer: {precision: 32-true}}
+          - {id: eagle3, name: train_eagle3, target: {path: "stage:target"}, data: /x}
+          - {id: mtp, name: train_mtp, target: {path: "stage:target"}, responses: /x}
+          - {id: traces, name: collect_traces, target: {path: "stage:target"}}
+          - {id: predictor, name: train_predictor, traces: "stage:traces"}
+    """))
+    cfg = load_recipe(recipe)
+    runs = {}
+    for native in (False, True):
+        cpu_only(native)
+        runs[native] = StageRunner(cfg.stages, tmp_path / "cache")
+    fp32, bf16 = runs[False], runs[True]
+    for sid in ("target", "eagle3", "mtp", "predictor"):
+        assert fp32.facts[sid] == {"precision": "32-true"} and bf16.facts[sid] == {"precision": "bf16-mixed"}
+        assert fp32.keys[sid] != bf16.keys[sid], sid
+    assert fp32.keys["fixed"] == bf16.keys["fixed"] and fp32.facts["fixed"] == {"precision": "32-true"}
+    # collect_traces does not train, but it reads the target: its key follows the target's
+    assert fp32.facts["traces"] == {} and fp32.keys["traces"] != bf16.keys["traces"]
+
+
+def test_guards_and_threads_are_not_part_of_the_key(tmp_path):
+    from specmoe.config.load import load_recipe
+    from specmoe.stages.runner import StageRunner
+
+    keys = []
+    for extra in ("", ", max_time: '00:00:30:00', num_threads: 1"):
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(f"name: k\nstages:\n  - {{id: t, name: pretrain_target, trainer: {{max_steps: 5{extra}}}}}\n")
+        keys.append(StageRunner(load_recipe(recipe).stages, tmp_path / "cache").keys["t"])
+    assert keys[0] == keys[1]
+
+
+def test_partial_trainer_mapping_keeps_the_stage_defaults(tmp_path):
+    """``trainer: {precision: 32-true}`` on the demo's target validates and keeps max_steps, the validation
+    interval across epochs (``check_val_every_n_epoch: null``) and the rest."""
+    from specmoe.config.load import load_recipe
+    from specmoe_plugins.stages.pretrain_target import PretrainTarget
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: k\nstages:\n  - {id: t, name: pretrain_target, trainer: {precision: 32-true}}\n")
+    (spec,) = load_recipe(recipe).stages
+    opts = stage_trainer_options(PretrainTarget, spec.component.options)
+    default = PretrainTarget().config.trainer
+    assert opts.precision == "32-true" and opts.check_val_every_n_epoch is None
+    assert (opts.max_steps, opts.val_check_interval) == (default.max_steps, default.val_check_interval)
+    # a dict given directly (no recipe validation) merges the same way
+    assert stage_trainer_options(PretrainTarget, {"trainer": {"max_steps": 7}}).check_val_every_n_epoch is None
+    assert trainer_key_facts(PretrainTarget, {"trainer": {"precision": "16-mixed"}}) == {"precision": "16-mixed"}
+
+
+def test_threads_are_cores_over_local_processes(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert default_num_threads(1) == 8 and default_num_threads(2) == 4 and default_num_threads([0, 1, 2]) == 2
+    assert default_num_threads("auto") == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: 4 processes on this node
+    assert default_num_threads(1) == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    assert default_num_threads(1) == 1
+
+
+def test_tiny_target_recipe_shares_the_demo_target():
+    """``recipes/tiny_target.yaml`` trains exactly the demo's target stage (one cache entry for both)."""
+    from pathlib import Path
+
+    from specmoe.config.load import load_recipe
+    from specmoe.stages.runner import StageRunner
+
+    recipes = Path(__file__).resolve().parents[2] / "recipes"
+    keys = [StageRunner(load_recipe(recipes / name).stages, "/nonexistent").keys["target"]
+            for name in ("tiny_target.yaml", "tiny_gsm8k.yaml")]
+    assert keys[0] == keys[1]
