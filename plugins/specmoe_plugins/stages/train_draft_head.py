@@ -28,7 +28,7 @@ from typing import Any, Optional
 from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
-from specmoe.training.trainer import TrainerOptions
+from specmoe.training.trainer import TrainerOptions, trainer_key_facts
 
 __all__ = ["TrainDraftHead"]
 
@@ -38,6 +38,7 @@ class TrainDraftHead(Stage):
 
     description = "train the draft_head expert predictor (routing head on the drafter's node features)"
     version = "1"
+    key_facts = classmethod(trainer_key_facts)  # resolved precision in the cache key
     distributed = True  # Lightning DDP: every rank trains
 
     @dataclass
