@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-pytest_plugins = ["fixtures.tiny", "fixtures.agreeing"]
+pytest_plugins = ["fixtures.tiny", "fixtures.agreeing", "fixtures.traces"]
 
 #: the benchmark data beside the repository (CI has it at the same relative path)
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"

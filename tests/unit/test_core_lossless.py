@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Greedy speculative decoding equals autoregressive decoding token for token (the first test of any change
 to decoding): three architectures x every registered selector x gamma in {2, 4, 6}, 8 prompts, with stop tokens
-and max-length cut-offs, batch 1 and batch 4; every case also asserts that at least 30 % of its steps accepted a
-draft token (two or more tokens appended), so the acceptance paths are what is compared."""
+and max-length cut-offs, batch 1 and batch 4 (there also with the ``draft_head`` predictor on the drafter's node
+features); every case also asserts that at least 30 % of its steps accepted a draft token (two or more tokens
+appended), so the acceptance paths are what is compared."""
 
 from __future__ import annotations
 
@@ -67,10 +68,13 @@ def test_greedy_equals_ar_every_selector(make_target, make_predictable, agreeing
 def test_batched_greedy_equals_ar(make_target, arch):
     target = make_target(arch)
     drafter, pred, prompts, stop = _setup(target, {"share_target": True})
+    head = predictors.get("draft_head")(init={"seed": 0, "rank": 16})  # reads the drafter's node features
+    head.setup(target)
     refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
-    for sel_name, opts in (("confidence", {}), ("ecospec", {}), ("ecospec", {"shared_buffer": True}),
-                          ("goodput", SELECTOR_OPTIONS["goodput"])):
-        engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(**opts), pred)
+    for sel_name, opts, predictor in (("confidence", {}, pred), ("ecospec", {}, pred),
+                                      ("ecospec", {"shared_buffer": True}, pred),
+                                      ("goodput", SELECTOR_OPTIONS["goodput"], pred), ("ecospec", {}, head)):
+        engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(**opts), predictor)
         out = engine.generate(prompts[:4], budget=4, steps=3, top_k=2, temperature=0, stop=stop)
         assert out.tokens == refs[:4], (sel_name, opts)
         assert multi_token_share([out]) >= MIN_MULTI, (sel_name, opts)

@@ -218,8 +218,10 @@ OPTIONS = {"goodput": GOODPUT, "goodput_floor": {**GOODPUT, "online": True, "ar_
                                                  "probe_after": 1, "probe_max": 2, "floor_tolerance": 0.0}}
 
 
-@pytest.mark.parametrize("selector", ["confidence", "ecospec", "goodput", "goodput_floor"])
-def test_speculative_sampling_chi_square(small_vocab_target, selector, tmp_path):
+@pytest.mark.parametrize("selector,predictor", [("confidence", "router_on_embedding"),
+                                                ("ecospec", "router_on_embedding"), ("goodput", "router_on_embedding"),
+                                                ("goodput_floor", "router_on_embedding"), ("ecospec", "draft_head")])
+def test_speculative_sampling_chi_square(small_vocab_target, selector, predictor, tmp_path):
     from specmoe.registry import predictors
 
     target = small_vocab_target
@@ -228,7 +230,7 @@ def test_speculative_sampling_chi_square(small_vocab_target, selector, tmp_path)
     drafter = drafters.get("draft_model")(tiny={"arch": "qwen3_moe", "seed": 5, "num_hidden_layers": 1,
                                                 "vocab_size": 6}, cache_dir=str(tmp_path))
     drafter.setup(target)
-    pred = predictors.get("router_on_embedding")()
+    pred = predictors.get(predictor)(**({"init": {"seed": 0, "rank": 8}} if predictor == "draft_head" else {}))
     pred.setup(target)
     engine = SpeculativeEngine(target, drafter, selectors.get(selector.split("_")[0])(**OPTIONS.get(selector, {})),
                                pred)

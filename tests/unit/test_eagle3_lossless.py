@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """EAGLE-3 / GTO drafting: greedy speculative decoding equals autoregressive decoding on the three tiny
-architectures with drafts that agree with the target (multi-token acceptance asserted), and the draft's
+architectures with drafts that agree with the target (multi-token acceptance asserted; EcoSpec with the
+``draft_head`` predictor on the draft's node features), and the draft's
 incremental inference computes exactly what training unrolls."""
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ def test_greedy_equals_ar(make_predictable, agreeing_drafts, arch, drafter_name)
     drafter.setup(target)
     pred = predictors.get("router_on_embedding")()
     pred.setup(target)
+    head = predictors.get("draft_head")(init={"seed": 0, "rank": 16})  # on the draft's node features
+    head.setup(target)
     prompts = random_prompts(3, [2, 11, 29], target.vocab_size, seed=4)  # tiny GPT-OSS window is 8
     free = ar_generate(target, prompts[:1], temperature=0, stop=StopRule(MAX_NEW))
     stop = StopRule(MAX_NEW, stop_ids=[free.tokens[0][5]])
     refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
     assert any(len(r) < MAX_NEW for r in refs)
     for sel_name in ("confidence", "ecospec", "global_cost"):
-        engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(), pred)
+        engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(), head if sel_name == "ecospec" else pred)
         gens = []
         for gamma in (2, 4, 6):
             for p, ref in zip(prompts, refs):

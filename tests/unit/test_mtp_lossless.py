@@ -75,10 +75,13 @@ def test_greedy_equals_ar(make_predictable, agreeing_drafts, arch):
 def test_batched_greedy_equals_ar(make_predictable, agreeing_drafts, arch, mlp):
     target, drafter, pred, prompts, stop = _setup(make_predictable, agreeing_drafts, arch, mlp)
     refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
-    engine = SpeculativeEngine(target, drafter, selectors.get("ecospec")(), pred)
-    out = engine.generate(prompts, budget=4, steps=3, top_k=2, temperature=0, stop=stop)
-    assert out.tokens == refs
-    assert multi_token_share([out]) >= MIN_MULTI
+    head = predictors.get("draft_head")(init={"seed": 0, "rank": 16})  # on the head's node features
+    head.setup(target)
+    for predictor in (pred, head):
+        engine = SpeculativeEngine(target, drafter, selectors.get("ecospec")(), predictor)
+        out = engine.generate(prompts, budget=4, steps=3, top_k=2, temperature=0, stop=stop)
+        assert out.tokens == refs
+        assert multi_token_share([out]) >= MIN_MULTI
 
 
 def _full_recompute_logp(head, target, committed_ids, feats, chain):

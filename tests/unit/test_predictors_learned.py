@@ -9,14 +9,11 @@ import math
 import pytest
 import torch
 
-from specmoe.interfaces.dataset import Sample
 from specmoe.interfaces.drafter import Committed
 from specmoe.interfaces.stage import StageContext
 from specmoe.interfaces.tree import DraftTree
 from specmoe.registry import predictors, stages
 from specmoe.training.routing_metrics import TopKRoutingAccuracy, routing_loss, routing_targets
-
-SAMPLES = [Sample(id=f"q{i}", turns=[f"Q{i}: {i} + {2 * i} = ?"]) for i in range(10)]
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +22,8 @@ def target(make_target):
 
 
 @pytest.fixture(scope="module")
-def traces(target, tmp_path_factory):
-    from specmoe.traces.collect import CollectOptions, collect_traces
-
-    out = tmp_path_factory.mktemp("traces")
-    collect_traces(target, SAMPLES, out, CollectOptions(max_new_tokens=10, batch_size=5, samples_per_shard=4,
-                                                        progress=False))
-    return out
+def traces(qwen3_traces):
+    return qwen3_traces
 
 
 @pytest.fixture(scope="module")

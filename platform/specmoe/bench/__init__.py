@@ -11,4 +11,5 @@ BENCHES = {
     "expert_latency": "specmoe.bench.expert_latency",
     "selector": "specmoe.bench.selector",
     "goodput": "specmoe.bench.goodput",
+    "predictor": "specmoe.bench.predictor",
 }

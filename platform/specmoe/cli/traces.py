@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``platform traces evaluate --traces DIR -p learned:path=DIR -p token_table:path=DIR -p router_on_embedding``:
-held-out top-K routing accuracy of expert predictors on a routing-trace directory."""
+held-out top-K routing accuracy of expert predictors on a routing-trace directory. Predictors that read the
+drafter's node features (``-p draft_head:path=DIR``) need ``--drafter eagle3:path=DIR``."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--max-samples", type=int, default=None)
     ev.add_argument("-p", "--predictor", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
                     help="predictor to evaluate, with options (repeat for several)")
+    ev.add_argument("--drafter", default=None, metavar="NAME[:KEY=VALUE,...]",
+                    help="drafter giving the node features of feature-based predictors (draft_head), e.g. "
+                    "eagle3:path=DIR")
+    ev.add_argument("--feature-depth", type=int, default=1,
+                    help="tree depth of the drafter features (1: proposed from committed context)")
     ev.set_defaults(func=run)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
@@ -43,18 +49,24 @@ def _options(text: str) -> dict[str, str]:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from specmoe.registry import predictors, targets
+    from specmoe.registry import drafters, predictors, targets
     from specmoe.traces.evaluate import evaluate_predictor
     from specmoe.traces.format import TraceReader
 
     reader = TraceReader(args.traces)
     target = targets.get(args.target_plugin)(path=args.target or reader.meta.target["path"], device=args.device)
+    drafter = None
+    if args.drafter:
+        name, _, opts = args.drafter.partition(":")
+        drafter = drafters.get(name)(**_options(opts))
+        drafter.setup(target)
     results = {}
     for spec in args.predictor:
         name, _, opts = spec.partition(":")
         pred = predictors.get(name)(**_options(opts))
         pred.setup(target)
-        res = evaluate_predictor(pred, reader, args.split, max_samples=args.max_samples, device=args.device)
+        res = evaluate_predictor(pred, reader, args.split, max_samples=args.max_samples, device=args.device,
+                                 drafter=drafter, target=target, feature_depth=args.feature_depth)
         results[spec] = res
         print(f"{spec}: acc={res['acc']:.4f} per layer={[round(a, 4) for a in res['acc_per_layer']]} "
               f"tokens={res['tokens']}")

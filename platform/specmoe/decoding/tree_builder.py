@@ -15,7 +15,7 @@ import torch
 
 from specmoe.interfaces.tree import DraftTree
 
-__all__ = ["build_pool", "ExpandFn", "pool_size"]
+__all__ = ["build_pool", "ExpandFn", "pool_size", "proposer_features"]
 
 #: ``expand(tokens [B, k], pool_index [B, k], ancestors [B, k, P]) -> logp [B, k, V]``: run the drafter on
 #: the frontier nodes (target-vocabulary ids; ``V`` is the draft vocabulary); ``ancestors[b, i, j]`` says pool
@@ -88,3 +88,20 @@ def build_pool(root_tokens: torch.Tensor, root_logp: torch.Tensor, expand: Expan
     anc |= torch.eye(n, dtype=torch.bool, device=dev)  # strict ancestors -> ancestor-or-self, kept by the tree
     return DraftTree(tokens=tokens, parents=parents, depth=depth, logp=logp, path_logp=path,
                      valid=torch.ones(bsz, n, dtype=torch.bool, device=dev), anc=anc)
+
+
+def proposer_features(parents: torch.Tensor, states: torch.Tensor, root_feature: torch.Tensor) -> torch.Tensor:
+    """:attr:`DraftTree.features` from the drafter's step outputs: each node gets its parent's state.
+
+    Args:
+        parents: ``[B, N]`` the tree's parents (``-1`` at the root).
+        states: ``[B, N, F]`` output of the draft step that consumed each node (defined for the root and the
+            expanded frontier nodes; the others are never read).
+        root_feature: ``[B, F]`` output of the step that consumed the committed token before the root.
+
+    Returns:
+        ``[B, N, F]``.
+    """
+    out = states.gather(1, parents.clamp(min=0)[..., None].expand(-1, -1, states.shape[-1]))
+    out[:, 0] = root_feature.to(out.dtype)
+    return out

@@ -50,6 +50,33 @@ class Drafter(Plugin, ABC):
         """Target ``hidden_states`` indices this drafter needs in :class:`Committed` (empty: none)."""
         return []
 
+    @property
+    def feature_size(self) -> int:
+        """Width ``F`` of the per-node features this drafter attaches to its trees (:attr:`DraftTree.features`);
+        0 when it attaches none (the default). Valid after :meth:`setup`."""
+        return 0
+
+    def teacher_features(self, tokens: torch.Tensor, valid: torch.Tensor, target_hidden: torch.Tensor | None,
+                         depths: int = 1) -> list[torch.Tensor]:
+        """The node features :meth:`draft` would attach, computed teacher-forced over whole sequences (training
+        data of feature-based predictors; no cache, no tree).
+
+        Args:
+            tokens: ``[B, T]`` int64 right-padded sequences.
+            valid: ``[B, T]`` bool.
+            target_hidden: ``[B, T, F_t]`` the target's hidden states :attr:`feature_layers` at every position
+                (its causal pass over ``tokens``); ``None`` when :attr:`feature_layers` is empty.
+            depths: how many tree depths to produce.
+
+        Returns:
+            ``depths`` tensors ``[B, T, F]``: entry ``d - 1`` at position ``t`` is the feature of a depth-``d``
+            node with token ``tokens[:, t]`` in a tree rooted at ``tokens[:, t - d]`` whose path is the
+            sequence itself (depth 1 is also the root's feature: both were proposed by a step over committed
+            tokens). Positions ``t <= d`` have no such tree (the first drafter step needs a token before its
+            input): their values are unspecified and consumers ignore them.
+        """
+        raise NotImplementedError(f"drafter {type(self).__name__} computes no per-node features")
+
     @abstractmethod
     def setup(self, target: Any) -> None:
         """Bind to the target (load weights, check vocabularies). Called once."""
@@ -63,5 +90,6 @@ class Drafter(Plugin, ABC):
         """Absorb ``committed`` into ``state`` and return the candidate pool rooted at each row's last token.
 
         Returns:
-            A :class:`DraftTree` with ``N = 1 + top_k + (steps - 1) * top_k**2`` nodes per row.
+            A :class:`DraftTree` with ``N = 1 + top_k + (steps - 1) * top_k**2`` nodes per row, with
+            ``features [B, N, feature_size]`` when :attr:`feature_size` > 0.
         """

@@ -23,6 +23,9 @@ class Predictor(Plugin, ABC):
 
     #: analysis-only predictors (e.g. the oracle) must not be counted as a real method's time
     analysis_only: ClassVar[bool] = False
+    #: reads the drafter's per-node features (:attr:`DraftTree.features`): needs a drafter that attaches them
+    #: (``Drafter.feature_size > 0``)
+    uses_draft_features: ClassVar[bool] = False
 
     @abstractmethod
     def setup(self, target: Any) -> None:

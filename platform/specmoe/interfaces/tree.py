@@ -28,6 +28,13 @@ class DraftTree:
         logp: ``[B, N]`` float32 draft log-probability of the node's token given its parent (0 at root).
         path_logp: ``[B, N]`` float32 cumulative log-probability of the root-to-node path (0 at root).
         valid: ``[B, N]`` bool; False marks padding nodes (never selected, never verified).
+        features: ``[B, N, F]`` the drafter's own summary of each node, ``None`` when the drafter computes
+            none (:attr:`~specmoe.interfaces.drafter.Drafter.feature_size` is 0). ``features[b, i]`` is the
+            drafter state that *proposed* node ``i``: the output of the draft step that consumed its parent
+            (for the root, the step that consumed the committed token before it). It exists for every node
+            of the pool without another draft pass (the deepest nodes are never fed back through the
+            drafter, so a state that consumed the node itself does not exist for them); with the node's
+            token it determines what the drafter knows about the node (the ``draft_head`` predictor's input).
         anc: ``[B, N, N]`` bool ancestor-or-self matrix of ``parents`` (see :meth:`ancestors`), built once where the
             tree is built (the pool builder has it anyway) and carried along by :meth:`subset`; ``None``: computed
             on first use and kept. It describes ``parents``: whoever changes ``parents`` sets it to ``None``.
@@ -39,6 +46,7 @@ class DraftTree:
     logp: torch.Tensor
     path_logp: torch.Tensor
     valid: torch.Tensor
+    features: Optional[torch.Tensor] = None
     anc: Optional[torch.Tensor] = None
 
     @property
@@ -116,13 +124,16 @@ class DraftTree:
         new_par = torch.where(old_par >= 0, remap.gather(1, old_par.clamp(min=0)), torch.full_like(old_par, -1))
         new_par = torch.where(index_valid, new_par, torch.zeros_like(new_par))
         new_par[:, 0] = -1
+        feats = None
+        if self.features is not None:
+            feats = self.features.gather(1, index[:, :, None].expand(b, m, self.features.shape[-1]))
         anc = self.ancestors()
         sub = anc.gather(1, index[:, :, None].expand(b, m, n)).gather(2, index[:, None, :].expand(b, m, m))
         eye = torch.eye(m, dtype=torch.bool, device=index.device)[None]
         sub = (sub & index_valid[:, :, None] & index_valid[:, None, :]) | eye
         sub[:, :, 0] |= ~index_valid  # padding rows: self and the root
         return replace(self, tokens=g(self.tokens), parents=new_par, depth=g(self.depth), logp=g(self.logp),
-                       path_logp=g(self.path_logp), valid=g(self.valid) & index_valid, anc=sub)
+                       path_logp=g(self.path_logp), valid=g(self.valid) & index_valid, anc=sub, features=feats)
 
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,10 @@ Each traced sample is replayed the way the engine drives a predictor: the first 
 next ``chunk`` tokens (rooted at the last committed token) is scored with ``predict`` and its tokens are
 committed with ``observe``. Every token is scored exactly once, with all of its true context, so the number
 is the paper's "routing prediction accuracy" (App. B.1) measured on the same code path as decoding.
+Predictors that read the drafter's node features (``draft_head``) get, on every chain node, the feature the
+drafter computes for that token teacher-forced (``Drafter.teacher_features`` at ``feature_depth``; depth 1 is
+a node proposed from committed context, as here); positions without one (the first ``feature_depth + 1``
+tokens of a sample) get zeros.
 Command line: ``platform traces evaluate`` (:mod:`specmoe.cli.traces`).
 """
 
@@ -17,11 +21,12 @@ import torch
 
 from specmoe.traces.format import TraceReader
 
-__all__ = ["chain_tree", "evaluate_predictor", "evaluate_lookup"]
+__all__ = ["chain_tree", "sample_features", "evaluate_predictor", "evaluate_lookup"]
 
 
-def chain_tree(tokens: torch.Tensor):
-    """A one-row :class:`DraftTree` whose nodes form the path ``tokens[0] -> tokens[1] -> ...``."""
+def chain_tree(tokens: torch.Tensor, features: Optional[torch.Tensor] = None):
+    """A one-row :class:`DraftTree` whose nodes form the path ``tokens[0] -> tokens[1] -> ...`` (with node
+    ``features [N, F]`` when given)."""
     from specmoe.interfaces.tree import DraftTree
 
     n = tokens.numel()
@@ -29,7 +34,21 @@ def chain_tree(tokens: torch.Tensor):
     ar = torch.arange(n, device=dev)[None]
     zeros = torch.zeros(1, n, dtype=torch.float32, device=dev)
     return DraftTree(tokens=tokens.long()[None], parents=ar - 1, depth=ar.clone(), logp=zeros,
-                     path_logp=zeros.clone(), valid=torch.ones(1, n, dtype=torch.bool, device=dev))
+                     path_logp=zeros.clone(), valid=torch.ones(1, n, dtype=torch.bool, device=dev),
+                     features=None if features is None else features[None])
+
+
+@torch.no_grad()
+def sample_features(drafter: Any, target: Any, ids: torch.Tensor, depth: int = 1) -> torch.Tensor:
+    """``[T, F]`` teacher-forced node features of one sample's tokens ``ids [T]`` at tree depth ``depth``."""
+    from specmoe.training.teacher import teacher_forward
+
+    tokens = ids[None].to(target.device)
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    hidden = None
+    if drafter.feature_layers:
+        hidden, _ = teacher_forward(target, tokens, valid, drafter.feature_layers, target.device, logits=False)
+    return drafter.teacher_features(tokens, valid, hidden, depth)[depth - 1][0]
 
 
 def _committed(tokens: torch.Tensor, start: int, first: bool):
@@ -43,27 +62,36 @@ def _committed(tokens: torch.Tensor, start: int, first: bool):
 
 @torch.no_grad()
 def evaluate_predictor(predictor: Any, reader: TraceReader, split: str = "test", *, chunk: int = 32,
-                       max_samples: Optional[int] = None,
-                       device: torch.device | str = "cpu") -> dict[str, Any]:
+                       max_samples: Optional[int] = None, device: torch.device | str = "cpu",
+                       drafter: Any = None, target: Any = None, feature_depth: int = 1) -> dict[str, Any]:
     """Top-K overlap accuracy of ``predictor`` (already ``setup``) on ``split`` of the traces.
+
+    ``drafter`` (set up on ``target``) provides the node features of predictors with ``uses_draft_features``.
 
     Returns:
         ``{"acc": float, "acc_per_layer": [L], "tokens": int, "samples": int}``.
     """
+    from specmoe.errors import UserError
     from specmoe.training.routing_metrics import TopKRoutingAccuracy
 
+    uses_features = bool(getattr(predictor, "uses_draft_features", False))
+    if uses_features and (drafter is None or target is None):
+        raise UserError(f"predictor {type(predictor).__name__} reads the drafter's node features: give a drafter "
+                        f"(platform traces evaluate --drafter NAME:KEY=VALUE,...)")
     metric = TopKRoutingAccuracy(reader.meta.num_layers, reader.meta.top_k)
     records = reader.samples(split)[:max_samples]
     for rec in records:
         cols = reader.read(rec)
         ids = cols["token_ids"].to(device)
         gt = cols["routing"].to(device)
+        feats = sample_features(drafter, target, ids, feature_depth).to(device) if uses_features else None
         state = predictor.begin(1)
         predictor.observe(state, _committed(ids[:1], 0, True))
         s, scored = 0, 0
         while scored < ids.numel():
             e = min(s + chunk, ids.numel())
-            sets = predictor.predict(state, chain_tree(ids[s:e]))[0]  # [n, L, E]
+            tree = chain_tree(ids[s:e], None if feats is None else feats[s:e])
+            sets = predictor.predict(state, tree)[0]  # [n, L, E]
             new = slice(scored - s, e - s)
             metric.update(sets[new].cpu(), gt[scored:e].cpu())
             scored = e

@@ -52,26 +52,30 @@ class TraceWindows(Dataset):
         idx, pad = key if isinstance(key, tuple) else (key, False)
         i, a, b = self.windows[idx]
         cols = self.reader.read(self.records[i], a, b, columns=("token_ids", "routing"))
-        return {"ids": cols["token_ids"], "routing": cols["routing"], "start": a, "pad": bool(pad)}
+        return {"ids": cols["token_ids"], "routing": cols["routing"], "start": a, "pad": bool(pad), "window": idx}
 
 
 def collate_windows(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """Right-pad windows -> ``ids [B, T]``, ``positions [B, T]``, ``routing [B, T, L, K]``, ``valid [B, T]``
-    (``valid`` is False on padding positions and on padding items)."""
+    (``valid`` is False on padding positions and on padding items), ``real [B, T]`` (the window's tokens,
+    padding items included) and ``window [B]`` (its index in the dataset)."""
     t = max(it["ids"].numel() for it in items)
     b = len(items)
     lk = items[0]["routing"].shape[1:]
     ids = torch.zeros(b, t, dtype=torch.long)
     routing = torch.zeros(b, t, *lk, dtype=torch.long)
     valid = torch.zeros(b, t, dtype=torch.bool)
+    real = torch.zeros(b, t, dtype=torch.bool)
     positions = torch.zeros(b, t, dtype=torch.long)
     for j, it in enumerate(items):
         n = it["ids"].numel()
         ids[j, :n] = it["ids"]
         routing[j, :n] = it["routing"]
         valid[j, :n] = not it["pad"]
+        real[j, :n] = True
         positions[j] = it["start"] + torch.arange(t)
-    return {"ids": ids, "positions": positions, "routing": routing, "valid": valid}
+    window = torch.tensor([it.get("window", -1) for it in items], dtype=torch.long)
+    return {"ids": ids, "positions": positions, "routing": routing, "valid": valid, "real": real, "window": window}
 
 
 class GlobalBatchSampler(Sampler):

@@ -12,13 +12,14 @@ __all__ = ["teacher_forward"]
 
 @torch.no_grad()
 def teacher_forward(target: Any, input_ids: torch.Tensor, valid: torch.Tensor, layers: Sequence[int],
-                    out_device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+                    out_device: torch.device, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The frozen target on a right-padded batch (its standard causal pass, no cache, autocast off).
 
     Args:
         target: a :class:`~specmoe.interfaces.target.Target`.
         input_ids, valid: ``[B, L]``.
         layers: ``hidden_states`` indices to concatenate (0 = embeddings, -1 = the final normalized state).
+        logits: also return the logits (``False``: ``None``, the LM head is skipped).
 
     Returns:
         ``(features [B, L, len(layers) * H], logits [B, L, V] float32)`` on ``out_device``.
@@ -27,5 +28,6 @@ def teacher_forward(target: Any, input_ids: torch.Tensor, valid: torch.Tensor, l
     ids = input_ids.to(dev)
     positions = torch.arange(ids.shape[1], device=dev).expand_as(ids)
     with torch.autocast(device_type=dev.type, enabled=False):
-        out = target.forward_standard(ids, valid.to(dev).long(), positions, hidden_layers=list(layers))
-    return out.hidden.to(out_device), out.logits.to(out_device)
+        out = target.forward_standard(ids, valid.to(dev).long(), positions, hidden_layers=list(layers),
+                                      compute_logits=logits)
+    return out.hidden.to(out_device), out.logits.to(out_device) if logits else None

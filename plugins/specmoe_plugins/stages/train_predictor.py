@@ -49,42 +49,6 @@ def resolve_target_embedding(config: Any, traces_meta: Any):
     return load_target_embedding(str(path))
 
 
-def _milestones_callback(levels: list[float], out: Path):
-    from lightning.pytorch.callbacks import Callback
-
-    from specmoe.training.predictor_module import export_from_checkpoint
-
-    class AccuracyMilestones(Callback):
-        """Export the predictor at the first validation whose ``val/acc`` reaches each level."""
-
-        def __init__(self) -> None:
-            self.reached: dict[str, dict[str, Any]] = {}
-
-        def on_validation_end(self, trainer, pl_module) -> None:
-            if trainer.sanity_checking or "val/acc" not in trainer.callback_metrics:
-                return
-            acc = float(trainer.callback_metrics["val/acc"])
-            for level in sorted(levels):
-                name = f"acc{round(level * 100):02d}"
-                if acc < level or name in self.reached:
-                    continue
-                ckpt = out / "checkpoints" / f"milestone-{name}.ckpt"
-                trainer.save_checkpoint(ckpt, weights_only=True)
-                info = {"level": level, "val_acc": acc, "global_step": trainer.global_step}
-                if trainer.is_global_zero:
-                    export_from_checkpoint(ckpt, out / "milestones" / name,
-                                           {"val_acc": acc, "milestone": level})
-                self.reached[name] = info
-
-        def state_dict(self) -> dict[str, Any]:
-            return {"reached": self.reached}
-
-        def load_state_dict(self, state: dict[str, Any]) -> None:
-            self.reached = dict(state.get("reached", {}))
-
-    return AccuracyMilestones()
-
-
 def _weights_sha(net: Any) -> str:
     """Checksum of this rank's weights (replicas must agree under DDP)."""
     import hashlib
@@ -141,6 +105,7 @@ class TrainPredictor(Stage):
         from lightning.pytorch.loggers import CSVLogger
 
         from specmoe.training.checkpoints import resume_checkpoint
+        from specmoe.training.milestones import accuracy_milestones
         from specmoe.training.predictor_data import RoutingTraceDataModule
         from specmoe.training.predictor_module import PredictorModule, export_from_checkpoint
         from specmoe.training.trainer import build_trainer, mlflow_logger
@@ -159,7 +124,7 @@ class TrainPredictor(Stage):
                                  cfg.weight_decay, warmup_steps=cfg.warmup_steps,
                                  gradient_checkpointing=cfg.gradient_checkpointing)
         module.set_target_embedding(resolve_target_embedding(cfg, m))
-        milestones = _milestones_callback(list(cfg.milestones), out)
+        milestones = accuracy_milestones(list(cfg.milestones), out, export_from_checkpoint)
         callbacks = [ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0,
                                      every_n_train_steps=cfg.checkpoint_every_n_steps), milestones]
         loggers = [CSVLogger(str(out), name="logs", version="")]

@@ -52,6 +52,27 @@ def hf_expert_bytes(model: Any, checkpoint_config: Any) -> ExpertBytes:
     return expert_bytes(plain, loaded, num, checkpoint_config, f"model.layers.{idx}.mlp.experts")
 
 
+def _splits_onto_cpu(device_map: Any) -> bool:
+    """An explicit mapping that puts some modules on the CPU and others on an accelerator."""
+    if not isinstance(device_map, dict):
+        return False
+    devices = {str(d) for d in device_map.values()}
+    return "cpu" in devices and len(devices - {"cpu", "disk"}) > 0
+
+
+def _dispatch_with_cpu_layers(model: Any, device_map: dict[str, Any]) -> Any:
+    """Place ``model`` (loaded on the CPU) by ``device_map`` so that its ``cpu`` modules *run* on the CPU.
+
+    ``from_pretrained(device_map=...)`` hands such a mapping to ``accelerate.dispatch_model`` with an accelerator
+    as the main device, which reads ``cpu`` as "offload": the weights stay on the CPU as meta placeholders and the
+    module runs on the accelerator, so a drafter that reads a target weight directly (a shared final norm, the
+    embedding) finds no data. With the CPU as the main device every module runs where the mapping says.
+    """
+    from accelerate import dispatch_model
+
+    return dispatch_model(model, device_map={k: str(v) for k, v in device_map.items()}, main_device="cpu")
+
+
 class HFTarget(Target):
     """A Hugging Face MoE causal LM."""
 
@@ -146,9 +167,12 @@ class HFTarget(Target):
             if importlib.util.find_spec("accelerate") is None:
                 raise UserError("target.device_map needs the 'accelerate' package: pip install 'specmoe[accelerate]' "
                                 "(or pip install accelerate)")
-            kwargs["device_map"] = cfg.device_map
+            if not _splits_onto_cpu(cfg.device_map):  # else: loaded on the CPU, dispatched below
+                kwargs["device_map"] = cfg.device_map
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            if cfg.device_map and _splits_onto_cpu(cfg.device_map):
+                model = _dispatch_with_cpu_layers(model, cfg.device_map)
         except Exception as exc:  # truncated / corrupted weights, missing shards: name the file
             from safetensors import safe_open
 

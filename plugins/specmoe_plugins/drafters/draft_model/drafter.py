@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from specmoe.decoding.tree_builder import build_pool
+from specmoe.decoding.tree_builder import build_pool, pool_size, proposer_features
 from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.kv import KVState
@@ -29,6 +29,8 @@ class DraftState:
     kv: KVState
     root: torch.Tensor  # [B] current root token
     root_logp: torch.Tensor | None = None  # [B, V]
+    root_hidden: torch.Tensor | None = None  # [B, H] last hidden state at the root (node features)
+    prev_hidden: torch.Tensor | None = None  # [B, H] ... at the committed token before the root
 
 
 class DraftModelDrafter(Drafter):
@@ -87,22 +89,47 @@ class DraftModelDrafter(Drafter):
         self._masks = MaskSpec(self.model.config)
         self._dtype = self.model.get_input_embeddings().weight.dtype
 
+    @property
+    def feature_size(self) -> int:
+        if self.model is None:
+            return int(self.target.hidden_size)
+        return int(self.model.config.hidden_size)
+
+    @torch.no_grad()
+    def teacher_features(self, tokens: torch.Tensor, valid: torch.Tensor, target_hidden: torch.Tensor | None,
+                         depths: int = 1) -> list[torch.Tensor]:
+        """The draft LM's last hidden state at the position before each token: the same at every depth (the
+        draft LM reads only tokens, so a path drafted in a tree is processed exactly as committed text)."""
+        pos = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        if self.model is None:
+            h = self.target.forward_standard(tokens, valid.long(), pos, hidden_layers=[-1],
+                                             compute_logits=False).hidden
+        else:
+            h = self.model(input_ids=tokens, attention_mask=valid.long(), position_ids=pos, output_hidden_states=True,
+                           logits_to_keep=1).hidden_states[-1]
+        f = torch.zeros_like(h)
+        f[:, 1:] = h[:, :-1]
+        return [f] * depths
+
     def begin(self, batch_size: int) -> DraftState:
         dev = self.target.device
         kv = self.target.new_kv(batch_size) if self.model is None else KVState(batch_size, dev)
         return DraftState(kv, torch.zeros(batch_size, dtype=torch.long, device=dev))
 
     def _run(self, kv: KVState, ids: torch.Tensor, pos: torch.Tensor, attend: torch.Tensor, valid: torch.Tensor,
-             cached_attend: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B, N, V]`` float32 draft log-probabilities of ``ids [B, N]`` appended to ``kv``."""
+             cached_attend: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids [B, N]`` appended to ``kv`` -> ``([B, N, V]`` float32 draft log-probabilities, ``[B, N, H]`` last
+        hidden states)."""
         if self.model is None:
-            logits = self.target.forward(ids, kv, pos, attend, valid, cached_attend=cached_attend).logits
+            out = self.target.forward(ids, kv, pos, attend, valid, cached_attend=cached_attend, hidden_layers=[-1])
+            logits, hidden = out.logits, out.hidden
         else:
             mask = self._masks.build(kv, pos, attend, valid, self._dtype, cached_attend)
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv.cache,
-                                use_cache=True).logits
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=kv.cache,
+                             use_cache=True, output_hidden_states=True)
+            logits, hidden = out.logits, out.hidden_states[-1]
             kv.append(pos, valid)
-        return torch.log_softmax(logits[..., :self._vocab].float(), dim=-1)
+        return torch.log_softmax(logits[..., :self._vocab].float(), dim=-1), hidden
 
     @torch.no_grad()
     def draft(self, state: DraftState, committed: Committed, steps: int, top_k: int) -> DraftTree:
@@ -110,17 +137,23 @@ class DraftModelDrafter(Drafter):
         bsz, m = committed.tokens.shape
         dev = committed.tokens.device
         causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril().expand(bsz, m, m)
-        logp = self._run(kv, committed.tokens, committed.positions, causal, committed.valid)
+        logp, hidden = self._run(kv, committed.tokens, committed.positions, causal, committed.valid)
         counts = committed.valid.sum(dim=1)
         has_new = counts > 0
         last = (counts - 1).clamp(min=0)
         ar_b = torch.arange(bsz, device=dev)
         new_root = committed.tokens[ar_b, last]
         state.root = torch.where(has_new, new_root, state.root)
-        root_logp = logp[ar_b, last]
+        root_logp, root_hidden = logp[ar_b, last], hidden[ar_b, last]
+        older = state.root_hidden if state.root_hidden is not None else torch.zeros_like(root_hidden)
+        prev_hidden = torch.where((counts > 1)[:, None], hidden[ar_b, (last - 1).clamp(min=0)], older)
         if state.root_logp is not None:
             root_logp = torch.where(has_new[:, None], root_logp, state.root_logp)
-        state.root_logp = root_logp
+            root_hidden = torch.where(has_new[:, None], root_hidden, state.root_hidden)
+            prev_hidden = torch.where(has_new[:, None], prev_hidden, state.prev_hidden)
+        state.root_logp, state.root_hidden, state.prev_hidden = root_logp, root_hidden, prev_hidden
+        node_hidden = root_hidden.new_zeros(bsz, pool_size(steps, top_k), root_hidden.shape[-1])
+        node_hidden[:, 0] = root_hidden
         root_pos = kv.next_position() - 1  # the root is the last committed token
         n_ctx = kv.num_slots
         processed: list[torch.Tensor] = []  # pool indices of the tree nodes in temporary slots
@@ -135,10 +168,12 @@ class DraftModelDrafter(Drafter):
                 done = torch.cat(processed, dim=1)  # [B, n_tmp] pool idx of temporary slots
                 cached[:, :, n_ctx:] = ancestors.gather(2, done[:, None, :].expand(bsz, k, n_tmp))
             eye = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)
-            out = self._run(kv, tokens, pos, eye, torch.ones(bsz, k, dtype=torch.bool, device=dev), cached)
+            out, h = self._run(kv, tokens, pos, eye, torch.ones(bsz, k, dtype=torch.bool, device=dev), cached)
             processed.append(pool_idx)
+            node_hidden[ar_b[:, None], pool_idx] = h.to(node_hidden.dtype)
             return out
 
         tree = build_pool(state.root, root_logp, expand, steps, top_k)
         kv.drop_last(kv.num_slots - n_ctx)
+        tree.features = proposer_features(tree.parents, node_hidden, prev_hidden)
         return tree

@@ -75,6 +75,7 @@ class Eagle3State:
     root_hidden: Optional[torch.Tensor] = None  # [B, H]
     root_logp: Optional[torch.Tensor] = None  # [B, Vd]
     root_pos: Optional[torch.Tensor] = None  # [B]
+    prev_hidden: Optional[torch.Tensor] = None  # [B, H] output of the step before the root's (node features)
 
     @property
     def k(self) -> Optional[torch.Tensor]:
@@ -123,6 +124,29 @@ class Eagle3Drafter(Drafter):
     @property
     def feature_layers(self) -> list[int]:
         return list(self._layers)
+
+    @property
+    def feature_size(self) -> int:
+        return int(self.model.config.hidden_size) if self.model is not None else 0
+
+    @torch.no_grad()
+    def teacher_features(self, tokens: torch.Tensor, valid: torch.Tensor, target_hidden: torch.Tensor | None,
+                         depths: int = 1) -> list[torch.Tensor]:
+        """Training-time-test unroll (:func:`~specmoe_plugins.drafters.eagle3.ttt.ttt_unroll`): step ``j`` at
+        index ``i`` consumed token ``i + 1 + j`` as a depth-``j`` node, so it proposed the depth-``j + 1``
+        node at position ``i + 2 + j``."""
+        from specmoe_plugins.drafters.eagle3.ttt import ttt_unroll
+
+        if target_hidden is None:
+            raise UserError(f"drafter {self._name()}: teacher_features needs the target's hidden states "
+                            f"{self.feature_layers}")
+        out = ttt_unroll(self.model, tokens, target_hidden, valid, depths, logits=False)
+        feats = []
+        for d, h in enumerate(out.hidden, start=1):
+            f = h.new_zeros(*tokens.shape, h.shape[-1])
+            f[:, d + 1:] = h[:, :tokens.shape[1] - d - 1]
+            feats.append(f)
+        return feats
 
     def setup(self, target: Any) -> None:
         from specmoe_plugins.drafters.eagle3.checkpoint import load_eagle3
@@ -187,11 +211,16 @@ class Eagle3Drafter(Drafter):
         ar = torch.arange(bsz, device=dev)
         h_last = out[ar, last]
         logp = torch.log_softmax(m.logits(h_last), dim=-1)
+        # the step before the root's: in this call when it committed two pairs or more, else the last root's
+        before = valid[ar, (last - 1).clamp(min=0)] & (counts > 1)
+        older = state.root_hidden if state.root_hidden is not None else torch.zeros_like(h_last)
+        h_prev = torch.where(before[:, None], out[ar, (last - 1).clamp(min=0)], older)
         if state.root is None:
             state.root, state.root_hidden, state.root_logp = tokens[ar, last], h_last, logp
-            state.root_pos = pos[ar, last] - 1
+            state.root_pos, state.prev_hidden = pos[ar, last] - 1, h_prev
             return
         keep = lambda new, old_: torch.where(has.view(-1, *[1] * (new.dim() - 1)), new, old_)
+        state.prev_hidden = keep(h_prev, state.prev_hidden)
         state.root = keep(tokens[ar, last], state.root)
         state.root_hidden = keep(h_last, state.root_hidden)
         state.root_logp = keep(logp, state.root_logp)
@@ -201,4 +230,4 @@ class Eagle3Drafter(Drafter):
     def draft(self, state: Eagle3State, committed: Committed, steps: int, top_k: int) -> DraftTree:
         self._absorb(state, committed)
         return draft_pool(self.model, state.ctx, state.root, state.root_hidden, state.root_logp, state.root_pos,
-                          steps, top_k)
+                          steps, top_k, prev_hidden=state.prev_hidden)

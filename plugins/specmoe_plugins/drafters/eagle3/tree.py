@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specmoe.decoding.tree_builder import build_pool, pool_size
+from specmoe.decoding.tree_builder import build_pool, pool_size, proposer_features
 from specmoe.interfaces.tree import DraftTree
 from specmoe_plugins.drafters.eagle3.model import Eagle3Model
 
@@ -74,7 +74,8 @@ class TreeContext:
 
 @torch.no_grad()
 def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, root_hidden: torch.Tensor,
-               root_logp: torch.Tensor, root_pos: torch.Tensor, steps: int, top_k: int) -> DraftTree:
+               root_logp: torch.Tensor, root_pos: torch.Tensor, steps: int, top_k: int,
+               prev_hidden: torch.Tensor | None = None) -> DraftTree:
     """Build the pool (``1 + top_k + (steps - 1) * top_k**2`` nodes) with ``steps - 1`` draft forwards.
 
     Args:
@@ -83,6 +84,8 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
         root_tokens: ``[B]`` target ids; root_hidden: ``[B, H]`` output of the root's step;
         root_logp: ``[B, Vd]`` draft log-probabilities after the root;
         root_pos: ``[B]`` the root step's position.
+        prev_hidden: ``[B, H]`` output of the step before the root's; when given, the tree carries
+            ``features`` (each node's proposing step output, :func:`proposer_features`).
     """
     bsz = root_tokens.shape[0]
     dev = root_tokens.device
@@ -112,4 +115,7 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
         done.append(pool_idx)
         return torch.log_softmax(model.logits(out), dim=-1)
 
-    return build_pool(root_tokens, root_logp, expand, steps, top_k, to_target=model.to_target)
+    tree = build_pool(root_tokens, root_logp, expand, steps, top_k, to_target=model.to_target)
+    if prev_hidden is not None:
+        tree.features = proposer_features(tree.parents, node_hidden, prev_hidden)
+    return tree

@@ -62,11 +62,12 @@ def _repeat_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
 
 
 def ttt_unroll(model: Eagle3Model, input_ids: torch.Tensor, features: torch.Tensor, valid: torch.Tensor,
-               steps: int) -> TTTOutput:
+               steps: int, logits: bool = True) -> TTTOutput:
     """Unroll the draft ``steps`` times over a batch of sequences.
 
     Args:
         input_ids: ``[B, L]``; features: ``[B, L, 3 H_t]`` target features; valid: ``[B, L]`` (right padding).
+        logits: also compute each step's draft logits (``False``: ``TTTOutput.logits`` is empty).
     """
     bsz, length = input_ids.shape
     n = length - 1
@@ -78,7 +79,7 @@ def ttt_unroll(model: Eagle3Model, input_ids: torch.Tensor, features: torch.Tens
     allowed0 = torch.ones(n, n, dtype=torch.bool, device=dev).tril() & valid0[:, None, :]
     allowed0 = (allowed0 | eye)[:, None]  # [B, 1, N, N]; padding queries see themselves
     neg = torch.finfo(torch.float32).min
-    logits, outs = [], []
+    out_logits, outs = [], []
     k0 = v0 = None
     diag_k: list[torch.Tensor] = []
     diag_v: list[torch.Tensor] = []
@@ -103,8 +104,9 @@ def ttt_unroll(model: Eagle3Model, input_ids: torch.Tensor, features: torch.Tens
             attn = attn + probs[..., n + s, None] * dv
         hidden = model.finish(attn, residual)
         outs.append(hidden)
-        logits.append(model.logits(hidden))
-    return TTTOutput(logits=logits, hidden=outs, k0=k0, v0=v0, valid0=valid0)
+        if logits:
+            out_logits.append(model.logits(hidden))
+    return TTTOutput(logits=out_logits, hidden=outs, k0=k0, v0=v0, valid0=valid0)
 
 
 def ttt_loss(out: TTTOutput, target_logits: torch.Tensor, loss_mask: torch.Tensor, valid: torch.Tensor,

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from specmoe.decoding.tree_builder import build_pool, pool_size
+from specmoe.decoding.tree_builder import build_pool, pool_size, proposer_features
 from specmoe.errors import UserError
 from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.kv import KVState
@@ -39,6 +39,7 @@ class MTPState:
         root_logp: ``[B, V]`` draft log-probabilities of the token after the root.
         root_hidden: ``[B, H]`` recursion hidden state of the root's slot (input of depth-2 nodes).
         root_slot: ``[B]`` slot position of the root (its token position - 1).
+        prev_hidden: ``[B, H]`` recursion hidden state of the slot before the root's (the root's feature).
     """
 
     kv: KVState
@@ -46,6 +47,7 @@ class MTPState:
     root_logp: torch.Tensor | None = None
     root_hidden: torch.Tensor | None = None
     root_slot: torch.Tensor | None = None
+    prev_hidden: torch.Tensor | None = None
 
 
 class MTPDrafter(Drafter):
@@ -69,6 +71,28 @@ class MTPDrafter(Drafter):
     @property
     def feature_layers(self) -> list[int]:
         return [-1]
+
+    @property
+    def feature_size(self) -> int:
+        return int(self.head.config.hidden_size) if getattr(self, "head", None) is not None else 0
+
+    @torch.no_grad()
+    def teacher_features(self, tokens: torch.Tensor, valid: torch.Tensor, target_hidden: torch.Tensor | None,
+                         depths: int = 1) -> list[torch.Tensor]:
+        """The head unrolled over the sequences (:func:`~specmoe_plugins.drafters.mtp.model.unroll`): at every
+        depth ``d`` the slot at ``p`` proposes token ``p + 2`` as a depth-``d`` node."""
+        from specmoe_plugins.drafters.mtp.model import unroll
+
+        if target_hidden is None:
+            raise UserError("drafter mtp: teacher_features needs the target's final normalized hidden states")
+        t = tokens.shape[1]
+        hidden = target_hidden[:, :max(t - 1, 0)].to(self._dtype)
+        feats = []
+        for o in unroll(self.head, tokens[:, 1:], hidden, valid[:, 1:], depths):
+            f = o.new_zeros(*tokens.shape, o.shape[-1])
+            f[:, 2:] = self.head.recurse(o)[:, :t - 2]
+            feats.append(f)
+        return feats
 
     def setup(self, target: Any) -> None:
         from specmoe_plugins.drafters.mtp.checkpoint import load_head
@@ -120,12 +144,17 @@ class MTPDrafter(Drafter):
         ar_b = torch.arange(bsz, device=dev)
         o_last = o[ar_b, last]
         logp, hid, slot = self._logp(o_last), self.head.recurse(o_last), slot_pos[ar_b, last]
+        # the slot before the root's: in this call when it committed two tokens or more, else the last root's
+        before = (counts > 1) & (pos[ar_b, (last - 1).clamp(min=0)] > 0)
+        older = state.root_hidden if state.root_hidden is not None else torch.zeros_like(hid)
+        prev = torch.where(before[:, None], self.head.recurse(o[ar_b, (last - 1).clamp(min=0)]), older)
         if state.root_logp is not None:
             logp = torch.where(has_new[:, None], logp, state.root_logp)
             hid = torch.where(has_new[:, None], hid, state.root_hidden)
             slot = torch.where(has_new, slot, state.root_slot)
+            prev = torch.where(has_new[:, None], prev, state.prev_hidden)
         state.root = torch.where(has_new, tok[ar_b, last], state.root)
-        state.root_logp, state.root_hidden, state.root_slot = logp, hid, slot
+        state.root_logp, state.root_hidden, state.root_slot, state.prev_hidden = logp, hid, slot, prev
 
         n_pool = pool_size(steps, top_k)
         node_hidden = torch.zeros(bsz, n_pool, hid.shape[-1], dtype=hid.dtype, device=dev)
@@ -154,4 +183,5 @@ class MTPDrafter(Drafter):
 
         tree = build_pool(state.root, state.root_logp, expand, steps, top_k)
         kv.drop_last(kv.num_slots - n_ctx)
+        tree.features = proposer_features(tree.parents, node_hidden, state.prev_hidden)
         return tree

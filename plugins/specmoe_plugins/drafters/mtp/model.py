@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
 
 from specmoe.errors import UserError
 
-__all__ = ["MTPSpec", "DenseMLP", "MTPHead", "block_config", "build_head"]
+__all__ = ["MTPSpec", "DenseMLP", "MTPHead", "block_config", "build_head", "depth_mask", "unroll"]
 
 
 @dataclass
@@ -249,3 +249,48 @@ def build_head(parts: Any, spec: MTPSpec, *, device: Any, dtype: torch.dtype,
         head.load_checkpoint_state(tensors, source)
     head.bind(parts)
     return head
+
+
+def depth_mask(depth: int, key_valid: torch.Tensor) -> torch.Tensor:
+    """bool ``[B, 1, n, depth * n]``: what slot ``p`` at ``depth`` sees among the keys of depths 1..depth.
+
+    Args:
+        key_valid: ``[B, n]`` slots holding a real token.
+    """
+    b, n = key_valid.shape
+    dev = key_valid.device
+    p = torch.arange(n, device=dev)[:, None]
+    s = torch.arange(n, device=dev)[None, :]
+    blocks = [(s <= p - (depth - 1))[None] & key_valid[:, None, :]]
+    for j in range(2, depth + 1):
+        blocks.append((s == p - (depth - j))[None].expand(b, n, n))
+    return torch.cat(blocks, dim=2)[:, None]
+
+
+def unroll(head: MTPHead, slot_ids: torch.Tensor, hidden: torch.Tensor, key_valid: torch.Tensor,
+           depths: int) -> Iterator[torch.Tensor]:
+    """The head unrolled over whole sequences (training, teacher-forced node features): yields the block
+    output ``o [B, n, H]`` of depths ``1 .. depths``.
+
+    At depth ``d`` the slot at ``p`` takes the head's own depth ``d - 1`` output at slot ``p - 1`` (through
+    ``recurse``) instead of ``hidden[:, p]`` and attends as a depth-``d`` tree node does (:func:`depth_mask`),
+    so depth ``d``'s output at slot ``p`` proposes token ``p + 2`` as a depth-``d`` node.
+
+    Args:
+        slot_ids: ``[B, n]`` token ``p + 1`` of each slot ``p``; hidden: ``[B, n, H]`` the target's final
+            normalized hidden states; key_valid: ``[B, n]`` slots holding a real token.
+    """
+    from transformers import DynamicCache
+
+    from specmoe.interfaces.kv import additive_mask
+
+    bsz, n = slot_ids.shape
+    pos = torch.arange(n, device=slot_ids.device).expand(bsz, n)
+    cache = DynamicCache() if depths > 1 else None
+    h_in = hidden
+    for d in range(1, depths + 1):
+        o = head(slot_ids, h_in, pos, additive_mask(depth_mask(d, key_valid), head.eh_proj.weight.dtype), cache)
+        yield o
+        if d < depths:
+            rec = head.recurse(o)[:, :-1].to(hidden.dtype)
+            h_in = torch.cat([torch.zeros_like(hidden[:, :1]), rec], dim=1)

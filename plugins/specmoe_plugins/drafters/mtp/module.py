@@ -25,27 +25,11 @@ import lightning as L
 import torch
 
 from specmoe.errors import UserError
-from specmoe.interfaces.kv import additive_mask
 from specmoe.training.schedules import warmup_schedule
 from specmoe.training.teacher import teacher_forward
+from specmoe_plugins.drafters.mtp.model import unroll
 
-__all__ = ["MTPTrainModule", "depth_mask"]
-
-
-def depth_mask(depth: int, key_valid: torch.Tensor) -> torch.Tensor:
-    """bool ``[B, 1, n, depth * n]``: what slot ``p`` at ``depth`` sees among the keys of depths 1..depth.
-
-    Args:
-        key_valid: ``[B, n]`` slots holding a real token.
-    """
-    b, n = key_valid.shape
-    dev = key_valid.device
-    p = torch.arange(n, device=dev)[:, None]
-    s = torch.arange(n, device=dev)[None, :]
-    blocks = [(s <= p - (depth - 1))[None] & key_valid[:, None, :]]
-    for j in range(2, depth + 1):
-        blocks.append((s == p - (depth - j))[None].expand(b, n, n))
-    return torch.cat(blocks, dim=2)[:, None]
+__all__ = ["MTPTrainModule"]
 
 
 class MTPTrainModule(L.LightningModule):
@@ -80,8 +64,6 @@ class MTPTrainModule(L.LightningModule):
         self.target.to(self.device)
 
     def _losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        from transformers import DynamicCache
-
         ids, valid, label = batch["input_ids"], batch["valid"], batch["loss_mask"]
         bsz, t = ids.shape
         hp = self.hp
@@ -93,17 +75,11 @@ class MTPTrainModule(L.LightningModule):
         labels = ids[:, 2:]
         lmask = label[:, 2:] & valid[:, 2:]
         key_valid = valid[:, 1: t - 1]
-        pos = torch.arange(n, device=ids.device).expand(bsz, n)
-        cache = DynamicCache() if hp["depths"] > 1 else None
-        dtype = self.head.eh_proj.weight.dtype
         vocab = t_logits.shape[-1]
         p_target = torch.softmax(t_logits.float(), dim=-1) if hp["kl_weight"] else None
         t_top = t_logits.argmax(dim=-1)
         total, weights, logs = 0.0, 0.0, {}
-        h_in = hidden
-        for d in range(1, hp["depths"] + 1):
-            mask = additive_mask(depth_mask(d, key_valid), dtype)
-            o = self.head(slot_ids, h_in, pos, mask, cache)
+        for d, o in enumerate(unroll(self.head, slot_ids, hidden, key_valid, hp["depths"]), start=1):
             logq = torch.log_softmax(self.head.logits(o)[..., :vocab].float(), dim=-1)
             m = lmask & (torch.arange(n, device=ids.device) >= d - 1)[None]
             cnt = m.sum().clamp(min=1)
@@ -117,8 +93,6 @@ class MTPTrainModule(L.LightningModule):
             logs[f"acc_d{d}"] = ((top == labels) & m).sum() / cnt
             logs[f"agree_d{d}"] = ((top == t_top) & m).sum() / cnt
             logs[f"loss_d{d}"] = loss.detach()
-            rec = self.head.recurse(o)[:, :-1].to(hidden.dtype)
-            h_in = torch.cat([torch.zeros_like(hidden[:, :1]), rec], dim=1)
         return total / weights, logs
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
