@@ -54,7 +54,8 @@ def calibrate(target: Any, configs: list[tuple[int, int, int, int]], *, iters: i
     """One record ``{batch, context, gamma, union, seconds}`` per timed call."""
     import torch
 
-    from specmoe.bench.expert_latency import _sync, forced_routing, override_routers
+    from specmoe.bench.expert_latency import forced_routing, override_routers
+    from specmoe.decoding.clock import device_sync
     from specmoe.interfaces.kv import KVState
 
     dev, k, n_exp = target.device, target.top_k, target.num_experts
@@ -81,10 +82,10 @@ def calibrate(target: Any, configs: list[tuple[int, int, int, int]], *, iters: i
                 forced[:] = [forced_routing(b * g, k, u, n_exp, gen) for _ in routers]
                 ids = torch.randint(0, target.vocab_size, (b, g), generator=gen).to(dev)
                 pos = (c + torch.arange(g, device=dev)).expand(b, g)
-                _sync(dev)
+                device_sync(dev)
                 t0 = now()
                 target.forward(ids, kv, pos, capture_routing=True)
-                _sync(dev)
+                device_sync(dev)
                 dt = now() - t0
                 kv.drop_last(g)
                 if rnd >= warmup:

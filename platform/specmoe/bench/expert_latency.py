@@ -103,13 +103,6 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return a, b, (1.0 - ss_res / ss_tot) if ss_tot else 1.0
 
 
-def _sync(device: Any) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(target: Any, unions: list[int], *, gamma: int = 8, batch: int = 1, mode: str = "experts",
             context: int = 128, iters: int = 15, warmup: int = 2, seed: int = 0) -> dict[int, list[float]]:
     """Milliseconds of each timed call, per union size ``u`` (see the module docstring)."""
@@ -117,6 +110,7 @@ def measure(target: Any, unions: list[int], *, gamma: int = 8, batch: int = 1, m
 
     import torch
 
+    from specmoe.decoding.clock import device_sync
     from specmoe.interfaces.kv import KVState
 
     dev = target.device
@@ -143,7 +137,7 @@ def measure(target: Any, unions: list[int], *, gamma: int = 8, batch: int = 1, m
             for u in order:
                 forced[:] = [forced_routing(n_tok, k, u, n_exp, gen) for _ in experts]
                 routing = [(i.to(dev), w.to(dev, target.dtype)) for i, w in forced]
-                _sync(dev)
+                device_sync(dev)
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     if mode == "model":  # the engine's verification call: 4D mask over the KV cache
@@ -151,7 +145,7 @@ def measure(target: Any, unions: list[int], *, gamma: int = 8, batch: int = 1, m
                     else:
                         for mod, (idx, w) in zip(experts, routing):
                             mod(hidden, idx, w)
-                _sync(dev)
+                device_sync(dev)
                 dt = (time.perf_counter() - t0) * 1e3
                 if mode == "model":
                     kv.drop_last(gamma)

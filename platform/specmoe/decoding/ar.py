@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 import torch
 
 from specmoe.decoding.analysis import experts_per_layer
-from specmoe.decoding.clock import PhaseClock
-from specmoe.decoding.engine import _sync, next_tokens
+from specmoe.decoding.clock import PhaseClock, device_sync
+from specmoe.decoding.engine import next_tokens
 from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
 from specmoe.interfaces.target import Target
@@ -44,7 +44,7 @@ def ar_generate(target: Target, prompts: Sequence[Sequence[int]], *, temperature
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     cache = target.new_standard_cache()
     timer = PhaseClock(dev, clock)
-    _sync(dev)
+    device_sync(dev)
     start = timer.mark()
     padded = len({len(p) for p in prompts}) > 1  # without padding the model needs no 2D mask (cheaper masks)
     out = target.forward_standard(ids, mask if padded else None, positions, cache, logits_to_keep=1)

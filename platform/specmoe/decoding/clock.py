@@ -14,7 +14,13 @@ from typing import Callable
 
 import torch
 
-__all__ = ["PhaseClock"]
+__all__ = ["PhaseClock", "device_sync"]
+
+
+def device_sync(device: torch.device | str) -> None:
+    """Wait for ``device``'s queued work (a no-op off CUDA): the end of a wall-clock timed region."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class PhaseClock:

@@ -30,7 +30,7 @@ import torch
 from specmoe.decoding.acceptance import accept, greedy_paths, target_probs
 from specmoe.decoding.analysis import experts_per_layer, prediction_overlap, routing_stats
 from specmoe.decoding.ar_floor import ARFloor
-from specmoe.decoding.clock import PhaseClock
+from specmoe.decoding.clock import PhaseClock, device_sync
 from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
 from specmoe.decoding.tree_builder import pool_size
@@ -97,10 +97,6 @@ def merge_committed(blocks: Sequence[Committed]) -> Committed:
     return Committed(cat([c.tokens for c in blocks]) * valid, valid, cat([c.positions for c in blocks]), feats,
                      first=blocks[0].first)
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -221,7 +217,7 @@ class SpeculativeEngine:
         gen = torch.Generator(device=dev).manual_seed(seed)
         feat_layers = self.drafter.feature_layers
         clock = PhaseClock(dev, self.clock)
-        _sync(dev)
+        device_sync(dev)
         start = clock.mark()
 
         # ---- prefill: the prompt, one pass; the first token comes from the target
