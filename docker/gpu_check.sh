@@ -3,7 +3,8 @@
 # One short GPU check of what the CPU machines cannot run: the GPU tests (tests/gpu: a target split over
 # cuda:0 + cpu, the Triton kernels) and the GPU benchmarks (verifier kernels at paper dimensions, the draft-head
 # predictor, a speculative step vs its roofline, the cost-model calibration). Each step has its own time limit
-# and writes its output to $OUT (default ./gpu_out); a failing step does not stop the others.
+# and writes its output to $OUT (default ./gpu_out); a failing step does not stop the others; ONLY="name ..."
+# runs only the named steps.
 #
 # On a machine without internet, with torch + CUDA installed: put the wheels this needs in .whl/ (a specmoe wheel
 # from `pip wheel . --no-deps -w .whl` and the transformers / omegaconf / accelerate wheels with their missing
@@ -13,6 +14,7 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 secs=$2; shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return 0; fi  # ONLY="gpu_tests bench_engine"
   echo "=== $name (limit ${secs}s)"
   local t0=$SECONDS
   timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
@@ -33,7 +35,9 @@ try:
 except ImportError as e:
     print("no triton", e)
 EOF
-step gpu_tests 150 python -m pytest -q -x tests/gpu -p no:cacheprovider
+step gpu_tests 150 python -m pytest -q tests/gpu -p no:cacheprovider
+step bench_goodput 120 python -m specmoe.cli.main bench goodput --device cuda --dtype bfloat16 --prompts 4 \
+  --new-tokens 64 --repeats 2 --json "$OUT/bench_goodput.json"
 step bench_verifier 100 python -m specmoe.cli.main bench verifier --iters 10 --warmup 2
 step bench_predictor 60 python -m specmoe.cli.main bench predictor --device cuda --no-demo
 step bench_engine 100 python -m specmoe.cli.main bench engine --device cuda --dtype bfloat16 --new-tokens 48 --repeats 2 \
