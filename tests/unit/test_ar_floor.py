@@ -170,3 +170,14 @@ def test_backoff_schedule():
     never = ARFloor(margin=0.0)
     never.begin(1, 0.0)
     assert never.decide(0.0, 1.0, 1, predicted_ar_rate=1e9) and never.speculate()
+
+
+def test_a_provisional_plan_decides_nothing():
+    """A plan priced with a catch-up it cannot yet separate neither falls back nor resets the back-off."""
+    floor = ARFloor(margin=1.0, probe_after=2, probe_max=8, tolerance=0.0)
+    floor.begin(1, 0.0)
+    assert not floor.decide(1.0, 1.0, 1, predicted_ar_rate=10.0)  # fails: waits 2, next back-off 4
+    state = (floor.state.wait, floor.state.backoff)
+    assert floor.decide(1.0, 1.0, 1, predicted_ar_rate=10.0, provisional=True)
+    assert (floor.state.wait, floor.state.backoff) == state
+    assert floor.counts == {"speculate": 0, "fall_back": 1, "provisional": 1}

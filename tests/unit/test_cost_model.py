@@ -113,3 +113,20 @@ def test_heldout_errors_use_the_coefficients_before_each_pass():
     assert cm.heldout_errors()["n"] == 64 and cm.window_errors()["median_abs_rel_error"] < 0.01
     pred, meas = cm.window_pairs()
     assert len(pred) == len(meas) == 64
+
+
+def test_parts_fit_the_absorbed_tokens():
+    """Draft seconds grow with the committed tokens a step absorbs; the fit predicts a speculative stretch's
+    draft from catch-up steps (prompt, AR stretches), and needs two distinct absorbed counts."""
+    m = CostModel(TRUE)
+    m.observe_parts(1, absorbed=80, t_draft=2e-3 + 1e-4 * 80)
+    m.observe_parts(1, absorbed=80, t_draft=2e-3 + 1e-4 * 80)
+    m.observe_parts(1, absorbed=None, t_draft=0.05)  # unknown absorbed: kept for the median only
+    assert m.part_at("t_draft", 1, 3) is None  # one distinct count
+    assert m.predict_part("t_draft", 1, absorbed=3) == pytest.approx(0.01)  # -> the median
+    m.observe_parts(1, absorbed=20, t_draft=2e-3 + 1e-4 * 20)
+    assert m.part_at("t_draft", 1, 3) == pytest.approx(2e-3 + 1e-4 * 3, rel=1e-6)
+    assert m.predict_part("t_draft", 4, absorbed=3) == pytest.approx(2.3e-3, rel=1e-6)  # nearest batch size
+    assert m.predict_part("t_draft", 1) == pytest.approx(0.01)  # without absorbed: the median
+    m.observe_parts(1, absorbed=50, t_draft=2e-3 + 1e-4 * 50)  # a new observation refits
+    assert m.part_at("t_draft", 1, 0) == pytest.approx(2e-3, rel=1e-6)

@@ -156,3 +156,31 @@ def test_explore_verifies_the_likeliest_child_when_drafts_do_not_pay():
         assert sel.nonzero().flatten().tolist() == [0, best]  # the likeliest child (a = P(path) prior)
         assert explored.expected_rate == plain.expected_rate  # the floor decides on the greedy choice
         assert int(make(**dear, explore=True, gamma_max=1).plan(tree, 20, ex).selected.sum()) == 1
+
+
+def test_a_catch_up_step_is_priced_as_a_speculative_stretch():
+    """The first step of a generation (or after AR steps) absorbs many committed tokens: its measured draft
+    seconds are a catch-up the next steps do not pay. Without a fit of draft seconds on absorbed tokens the
+    plan is provisional; with one, the plan prices the draft at the stretch's width (the accepted paths seen)."""
+    g = torch.Generator().manual_seed(4)
+    tree = random_tree(1, 11, g, padding=False)
+    ex = random_sets(1, 11, 4, 16, 2, g)
+    sel = make()
+    catch_up = SelectionContext(kv_slots=100, t_draft=10e-3, t_pred=0.0, absorbed=80)
+    plan = sel.plan(tree, 4, ex, None, catch_up)
+    assert plan.provisional
+    steady = sel.plan(tree, 4, ex, None, SelectionContext(kv_slots=100, t_draft=10e-3, t_pred=0.0, absorbed=2))
+    assert not steady.provisional and steady.t_step == pytest.approx(plan.t_step)
+    selected = torch.zeros(1, 11, dtype=torch.bool)
+    selected[0, :3] = True
+    accepted = torch.zeros_like(selected)
+    accepted[0, 0] = True
+    for absorbed in (80, 3, 3, 40):  # draft seconds: 2 ms + 0.1 ms per absorbed token
+        sel.observe(StepOutcome(rows=1, tokens=3, width=3, kv_slots=100, experts_per_layer=[4] * 4,
+                                t_verify=5e-3, t_draft=2e-3 + 1e-4 * absorbed, t_pred=0.0, t_select=1e-4,
+                                absorbed=absorbed, tree=tree, selected=selected & tree.valid, accepted=accepted))
+    assert sel.steady_absorbed() == 1  # only the root accepted: the next step absorbs one token
+    priced = sel.plan(tree, 4, ex, None, catch_up)
+    assert not priced.provisional
+    # the same choice priced with 2.1 ms of drafting instead of the catch-up's 10 ms
+    assert priced.t_step - (priced.t_verify + 1e-4) == pytest.approx(2.1e-3, rel=1e-3)

@@ -72,7 +72,7 @@ class ARFloor:
         self.observe_every, self.tolerance = observe_every, tolerance
         self._states: dict[tuple[int, float], FloorState] = {}
         self.state = FloorState()
-        self.counts = {"speculate": 0, "fall_back": 0}
+        self.counts = {"speculate": 0, "fall_back": 0, "provisional": 0}
         """decisions taken (for reports)."""
 
     def begin(self, batch_size: int, temperature: float) -> None:
@@ -103,9 +103,15 @@ class ARFloor:
         """Seconds of a speculative step spent outside its priced phases (acceptance, cache pruning)."""
         self.state.upkeep.append(max(seconds, 0.0))
 
-    def decide(self, expected_tokens: float, step_seconds: float, rows: int, predicted_ar_rate: float) -> bool:
-        """After a speculative step's plan: keep speculating (True) or wait before the next probe (False)."""
+    def decide(self, expected_tokens: float, step_seconds: float, rows: int, predicted_ar_rate: float,
+               provisional: bool = False) -> bool:
+        """After a speculative step's plan: keep speculating (True) or wait before the next probe (False). A
+        ``provisional`` plan (its price holds a catch-up cost the selector cannot yet separate) decides
+        nothing: the next step speculates and decides."""
         st = self.state
+        if provisional:
+            self.counts["provisional"] += 1
+            return True
         upkeep = statistics.median(st.upkeep) if st.upkeep else 0.0
         rate = expected_tokens / max(step_seconds + upkeep, 1e-12)
         measured = self.ar_rate(rows)

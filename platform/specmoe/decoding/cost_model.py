@@ -10,7 +10,11 @@ from a sliding window of observed steps: relative-error Huber regression (IRLS) 
 prior coefficients, so terms a window cannot separate (e.g. the fixed and per-token terms when every step
 verifies the same number of tokens) are split as the prior suggests instead of arbitrarily.
 
-``T_draft``, ``T_pred`` and ``T_select`` are medians of sliding windows of observed steps, per batch size.
+``T_draft``, ``T_pred`` and ``T_select`` come from sliding windows of observed steps, per batch size: the median,
+or, for a step whose drafter (and predictor) first absorb ``absorbed`` committed tokens per row, ``a + b *
+absorbed`` fitted on the window (the first step of a generation absorbs the prompt, the first after a stretch
+of AR steps absorbs all their tokens; a speculative stretch absorbs only the last step's accepted tokens, so
+its draft is several times cheaper than such a catch-up step's).
 """
 
 from __future__ import annotations
@@ -153,10 +157,12 @@ class CostModel:
         self._obs: deque[tuple[np.ndarray, float]] = deque(maxlen=window)
         self._heldout: deque[tuple[float, float]] = deque(maxlen=window)  # (predicted before seen, measured)
         self._since_fit = 0
-        self._parts: dict[str, dict[int, deque[float]]] = {p: {} for p in self.PARTS}
+        # part -> rows -> (absorbed tokens per row or NaN when unknown, seconds)
+        self._parts: dict[str, dict[int, deque[tuple[float, float]]]] = {p: {} for p in self.PARTS}
+        self._part_fits: dict[tuple[str, int], np.ndarray | None] = {}  # cached (a, b) of a + b * absorbed
         for part, by_rows in (overheads or {}).items():
             for rows, sec in by_rows.items():
-                self._parts[part].setdefault(int(rows), deque(maxlen=window)).append(float(sec))
+                self._parts[part].setdefault(int(rows), deque(maxlen=window)).append((float("nan"), float(sec)))
 
     # ---------------------------------------------------------------- verification
     def coefficient(self, name: str) -> float:
@@ -221,25 +227,53 @@ class CostModel:
         return relative_errors(x @ self.coef, [o[1] for o in self._obs])
 
     # ---------------------------------------------------------------- other parts of a step
-    def observe_parts(self, rows: int, **seconds: float | None) -> None:
-        """Record measured ``t_draft`` / ``t_pred`` / ``t_select`` of a step with ``rows`` batch rows."""
+    def observe_parts(self, rows: int, absorbed: int | None = None, **seconds: float | None) -> None:
+        """Record measured ``t_draft`` / ``t_pred`` / ``t_select`` of a step with ``rows`` batch rows whose
+        drafter and predictor absorbed ``absorbed`` committed tokens per row (``None``: unknown)."""
         for part, sec in seconds.items():
             if part not in self._parts:
                 raise ValueError(f"unknown step part '{part}'; one of {self.PARTS}")
             if sec is not None:
-                self._parts[part].setdefault(int(rows), deque(maxlen=self.window)).append(float(sec))
+                self._parts[part].setdefault(int(rows), deque(maxlen=self.window)).append(
+                    (float("nan") if absorbed is None else float(absorbed), float(sec)))
+                self._part_fits.pop((part, int(rows)), None)
 
-    def predict_part(self, part: str, rows: int) -> float:
-        """Median of the observed ``part`` seconds at ``rows`` (else at the nearest batch size; 0 if none)."""
+    def predict_part(self, part: str, rows: int, absorbed: int | None = None) -> float:
+        """Seconds of ``part`` at ``rows`` batch rows (else at the nearest observed batch size; 0 if none):
+        :meth:`part_at` for ``absorbed`` tokens when it has a fit, else the window's median."""
         by_rows = self._parts[part]
         if not by_rows:
             return 0.0
+        fit = None if absorbed is None else self.part_at(part, rows, absorbed)
+        if fit is not None:
+            return fit
         key = rows if rows in by_rows else min(by_rows, key=lambda r: (abs(r - rows), r))
-        return float(statistics.median(by_rows[key]))
+        return float(statistics.median(sec for _, sec in by_rows[key]))
+
+    def part_at(self, part: str, rows: int, absorbed: int) -> float | None:
+        """``a + b * absorbed`` fitted on the window of ``part`` at ``rows`` (nearest observed batch size), or
+        ``None`` until it holds at least 3 steps with 2 or more distinct absorbed counts."""
+        by_rows = self._parts[part]
+        if not by_rows:
+            return None
+        key = rows if rows in by_rows else min(by_rows, key=lambda r: (abs(r - rows), r))
+        if (part, key) not in self._part_fits:
+            self._part_fits[(part, key)] = self._fit_part(by_rows[key])
+        ab = self._part_fits[(part, key)]
+        return None if ab is None else float(ab[0] + ab[1] * absorbed)
+
+    @staticmethod
+    def _fit_part(obs: Iterable[tuple[float, float]]) -> np.ndarray | None:
+        """Non-negative ``(a, b)`` of ``seconds = a + b * absorbed`` (robust), or ``None`` without the data."""
+        pts = np.array([(n, s) for n, s in obs if n == n and s > 0], dtype=np.float64).reshape(-1, 2)
+        if len(pts) < 3 or len(np.unique(pts[:, 0])) < 2:
+            return None
+        return huber_fit(np.stack([np.ones(len(pts)), pts[:, 0]], axis=1), pts[:, 1])
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
-        parts = {p: {str(r): statistics.median(v) for r, v in by.items()} for p, by in self._parts.items()}
+        parts = {p: {str(r): statistics.median(sec for _, sec in v) for r, v in by.items()}
+                 for p, by in self._parts.items()}
         return {"format": _FORMAT, "features": list(self.features), "coef": self.coefficients(),
                 "overheads": parts, "meta": self.meta}
 

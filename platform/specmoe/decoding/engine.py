@@ -304,14 +304,16 @@ class SpeculativeEngine:
             plan = None
             if self.adaptive:
                 ctx = SelectionContext(temperature=temperature, kv_slots=kv.num_slots,
-                                       t_draft=clock.seconds(t0, t1), t_pred=clock.seconds(t1, t2))
+                                       t_draft=clock.seconds(t0, t1), t_pred=clock.seconds(t1, t2),
+                                       absorbed=committed.tokens.shape[1])
                 plan = self.selector.plan(tree, budget, experts, buffer, ctx)
                 sel = plan.selected & active_t[:, None]
             else:
                 sel = self.selector.select(tree, budget, experts, buffer) & active_t[:, None]
             width, n_verified = self._selection_width(tree, sel, budget)
             if floor is not None:
-                floor.decide(float(plan.expected_tokens.sum()), plan.t_step, len(rows), plan.ar_rate)
+                floor.decide(float(plan.expected_tokens.sum()), plan.t_step, len(rows), plan.ar_rate,
+                             provisional=plan.provisional)
             t3 = clock.mark()
 
             # ---- verify the selected nodes in one target pass
@@ -337,7 +339,8 @@ class SpeculativeEngine:
                 active_t = torch.tensor(active, device=dev)
             if self.adaptive:
                 self.selector.observe(self._outcome(tree, sel, order, vt, vout.routing, paths, kv_slots,
-                                                    n_verified, width, temperature, clock, (t0, t1, t2, t3, t4)))
+                                                    n_verified, width, temperature, clock, (t0, t1, t2, t3, t4),
+                                                    committed.tokens.shape[1]))
             t5 = clock.mark()
             if floor is not None:
                 floor.observe_upkeep(clock.seconds(t4, t5))
@@ -367,7 +370,7 @@ class SpeculativeEngine:
 
     def _outcome(self, tree: DraftTree, sel: torch.Tensor, order: torch.Tensor, vt: DraftTree,
                  routing: torch.Tensor, paths: list[list[int]], kv_slots: int, n_verified: int, width: int,
-                 temperature: float, clock: PhaseClock, marks: tuple[int, ...]) -> StepOutcome:
+                 temperature: float, clock: PhaseClock, marks: tuple[int, ...], absorbed: int) -> StepOutcome:
         """What a speculative step did, for an adaptive selector (accepted paths mapped back to the pool)."""
         bsz = len(paths)
         acc_w = torch.zeros(bsz, width, dtype=torch.bool)
@@ -378,7 +381,8 @@ class SpeculativeEngine:
         return StepOutcome(rows=bsz, tokens=n_verified, width=width, kv_slots=kv_slots, temperature=temperature,
                            experts_per_layer=experts_per_layer(routing, vt.valid, self.target.num_experts),
                            t_verify=clock.seconds(t3, t4), t_draft=clock.seconds(t0, t1),
-                           t_pred=clock.seconds(t1, t2), t_select=clock.seconds(t2, t3), tree=tree, selected=sel,
+                           t_pred=clock.seconds(t1, t2), t_select=clock.seconds(t2, t3), absorbed=absorbed,
+                           tree=tree, selected=sel,
                            accepted=accepted)
 
     def _analyse(self, records: list[StepRecord], traces: list[StepTrace], clock: PhaseClock) -> torch.Tensor:

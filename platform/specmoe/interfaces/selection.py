@@ -39,12 +39,18 @@ class SelectionContext:
         kv_slots: cached KV slots per row before verification (the cache's padded length).
         t_draft: seconds this step's drafting took; ``None``: the selector's running estimate.
         t_pred: seconds this step's expert prediction took (0 without a predictor); ``None``: estimate.
+        absorbed: committed tokens per row (the padded width) the drafter and predictor absorbed this step
+            before drafting: the prompt at a generation's first step, every AR step's token after a stretch
+            under the AR floor, the last step's accepted tokens in a speculative stretch (``None``: unknown).
+            A selector pricing the steps to come may replace this step's catch-up seconds by its estimate of
+            a speculative stretch's.
     """
 
     temperature: float = 0.0
     kv_slots: int = 0
     t_draft: float | None = None
     t_pred: float | None = None
+    absorbed: int | None = None
 
 
 @dataclass
@@ -61,6 +67,8 @@ class SelectionPlan:
         expected_rate: ``expected_tokens.sum() / t_step``, tokens per second.
         ar_rate: predicted tokens per second of a plain AR step for the same active rows (one token each, no
             drafting, prediction or selection).
+        provisional: the price includes a catch-up cost (``SelectionContext.absorbed``) the selector cannot
+            yet tell from a speculative stretch's: an AR floor should not decide on it (speculate once more).
     """
 
     selected: torch.Tensor
@@ -69,6 +77,7 @@ class SelectionPlan:
     t_step: float
     expected_rate: float
     ar_rate: float
+    provisional: bool = False
 
 
 @dataclass
@@ -85,6 +94,7 @@ class StepOutcome:
         temperature: the step's temperature.
         speculative: False for an AR step (then the draft fields below are ``None``).
         t_draft, t_pred, t_select: measured seconds (``None`` when not measured).
+        absorbed: committed tokens per row absorbed before drafting (:class:`SelectionContext`).
         tree: the candidate pool the selection ran on ``[B, N]``.
         selected: ``[B, N]`` bool, the verified nodes.
         accepted: ``[B, N]`` bool, the nodes of each row's accepted path (root included).
@@ -101,6 +111,7 @@ class StepOutcome:
     t_draft: float | None = None
     t_pred: float | None = None
     t_select: float | None = None
+    absorbed: int | None = None
     tree: DraftTree | None = None
     selected: torch.Tensor | None = None
     accepted: torch.Tensor | None = None

@@ -108,6 +108,7 @@ class GoodputSelector(AdaptiveSelector):
         self.needs_experts = cfg.expert_cost
         self._unions: dict[int, deque[float]] = {}  # tokens per pass -> observed expert-layers
         self._last_select = 0.0
+        self._absorbed: deque[int] = deque(maxlen=64)  # longest accepted path per speculative step
 
     # ---------------------------------------------------------------- pricing helpers
     def expected_expert_layers(self, tokens: int) -> float:
@@ -131,6 +132,33 @@ class GoodputSelector(AdaptiveSelector):
         return {"cost": {"coef": self.cost.coefficients(), **self.cost.window_errors(),
                          "heldout": self.cost.heldout_errors(), "predicted": pred, "measured": meas},
                 "acceptance": acc}
+
+    def steady_absorbed(self) -> int:
+        """Committed tokens per row a step of a speculative stretch absorbs: the median, over recent steps, of
+        the longest accepted path (+ bonus) of the step before (2 before any was seen)."""
+        return int(np.median(self._absorbed)) if self._absorbed else 2
+
+    def _fixed_seconds(self, ctx: SelectionContext, rows: int) -> tuple[float, bool]:
+        """``T_draft + T_pred + T_select`` of a step of a speculative stretch, and whether that is provisional.
+
+        A step that first absorbed more committed tokens than a speculative stretch does (the prompt, or the
+        tokens of AR steps) measured a catch-up that the steps to come will not pay: its seconds are replaced
+        by the cost model's ``a + b * absorbed`` at the stretch's width when that fit exists; else the measured
+        seconds are used and the price is provisional (an AR floor does not decide on it)."""
+        cm, steady = self.cost, self.steady_absorbed()
+        total, provisional = cm.predict_part("t_select", rows), False
+        for part, measured in (("t_draft", ctx.t_draft), ("t_pred", ctx.t_pred)):
+            if measured is None:
+                total += cm.predict_part(part, rows, absorbed=steady)
+                continue
+            if ctx.absorbed is not None and ctx.absorbed > steady and measured > 0:
+                fit = cm.part_at(part, rows, steady)
+                if fit is None:
+                    provisional = True
+                else:
+                    measured = min(measured, fit)
+            total += measured
+        return total, provisional
 
     # ---------------------------------------------------------------- selection
     def plan(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
@@ -159,8 +187,7 @@ class GoodputSelector(AdaptiveSelector):
         else:
             e0 = self.expected_expert_layers(n_live)
         kv = ctx.kv_slots
-        t_fixed = sum(x if x is not None else cm.predict_part(p, b) for p, x in
-                      (("t_draft", ctx.t_draft), ("t_pred", ctx.t_pred), ("t_select", None)))
+        t_fixed, provisional = self._fixed_seconds(ctx, b)
         t_ar = cm.predict_verify(VerifyShape(tokens=n_live, expert_layers=e0, rows=b, width=1, kv_slots=kv))
         c_tok = cm.coefficient("tokens") + cm.coefficient("token_kv") * kv
         c_col = cm.coefficient("padded_tokens") * b  # one more column of a padded batch
@@ -217,7 +244,7 @@ class GoodputSelector(AdaptiveSelector):
         self.last_plan = SelectionPlan(
             selected=torch.from_numpy(sel).to(dev), expected_tokens=torch.from_numpy(exp_tokens),
             t_verify=float(t_verify), t_step=float(t_fixed + t_verify), expected_rate=float(rate),
-            ar_rate=n_live / t_ar if t_ar > 0 else float("inf"))
+            ar_rate=n_live / t_ar if t_ar > 0 else float("inf"), provisional=provisional)
         return self.last_plan
 
     # ---------------------------------------------------------------- feedback
@@ -231,7 +258,11 @@ class GoodputSelector(AdaptiveSelector):
         if not outcome.speculative:
             return
         t_select = outcome.t_select if outcome.t_select is not None else self._last_select
-        self.cost.observe_parts(outcome.rows, t_draft=outcome.t_draft, t_pred=outcome.t_pred, t_select=t_select)
+        self.cost.observe_parts(outcome.rows, t_draft=outcome.t_draft, t_pred=outcome.t_pred,
+                                absorbed=outcome.absorbed)
+        self.cost.observe_parts(outcome.rows, t_select=t_select)
+        if outcome.accepted is not None:
+            self._absorbed.append(int(outcome.accepted.sum(dim=1).max()))
         if outcome.tree is not None and outcome.selected is not None and outcome.accepted is not None:
             tree = outcome.tree
             mask = (outcome.selected & tree.valid).clone()
