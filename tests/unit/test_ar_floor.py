@@ -154,18 +154,25 @@ def test_backoff_schedule():
     assert floor.ar_rate(1) == pytest.approx(100.0) and floor.ar_rate(3) == pytest.approx(100.0)
     floor.begin(4, 0.0)  # another regime starts fresh
     assert floor.speculate() and floor.ar_rate(1) is None
-    # the wait is at least what keeps failed probes under `tolerance` of the time: a probe of 0.3 s with one
-    # expected token against AR steps of 0.1 s loses 2 AR steps' worth -> >= ceil(2 / 0.05) = 40 steps
+    # the wait is at least what keeps failed probes under `tolerance` of the time, charged by the measured
+    # step: a probe that took 0.3 s and committed one token, against AR steps of 0.1 s, lost 2 AR steps'
+    # worth -> >= ceil(2 / 0.05) = 40 steps (whatever its plan predicted)
     costly = ARFloor(margin=1.0, probe_after=4, probe_max=64, tolerance=0.05)
     costly.begin(1, 0.0)
     waits = []
     for _ in range(7):
-        costly.decide(1.0, 0.3, 1, predicted_ar_rate=10.0)
+        costly.decide(1.0, 0.2, 1, predicted_ar_rate=10.0)
+        assert costly.state.wait in (4, 8, 16, 32, 64)  # the back-off until the step is measured
+        costly.observe_step(0.3, 1, 1)
         waits.append(costly.state.wait)
     assert waits == [40, 40, 40, 40, 64, 64, 64]
+    costly.observe_step(10.0, 1, 1)  # charged once per fall-back
+    assert costly.state.wait == 64
     costly.decide(2.9, 0.3, 1, predicted_ar_rate=10.0)  # a near miss after a reset: the back-off alone
     costly.decide(100.0, 0.3, 1, predicted_ar_rate=10.0)
+    costly.observe_step(10.0, 1, 1)  # a step whose plan paid is never charged
     costly.decide(2.9, 0.3, 1, predicted_ar_rate=10.0)
+    costly.observe_step(0.3, 3, 1)  # measured: no loss
     assert costly.state.wait == 4
     never = ARFloor(margin=0.0)
     never.begin(1, 0.0)

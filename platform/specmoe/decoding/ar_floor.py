@@ -9,15 +9,17 @@ measured). Below ``margin`` x the AR rate the engine takes AR steps (no drafting
 then probes speculation again with one speculative step.
 
 Probe schedule: exponential back-off in steps, never shorter than what keeps failed probes cheap. A failed
-probe loses ``loss = (T_probe x AR rate - expected tokens) / rows`` AR steps' worth of tokens (it is a
-speculative step whose expected rate was below AR's). After it the engine waits
+probe (a speculative step whose plan did not pay) lost ``loss = (T_probe x AR rate - tokens) / rows`` AR
+steps' worth of tokens, *measured* once the step is over (``T_probe`` its seconds, drafting the catch-up
+included; ``tokens`` what it committed): :meth:`ARFloor.observe_step`. After it the engine waits
 ``max(backoff, ceil(loss / tolerance))`` AR steps, where ``backoff`` starts at ``probe_after`` and doubles with
 each consecutive failure up to ``probe_max``; a probe whose plan pays resets it. So failed probes never cost
-more than ``tolerance`` of the decoding time (2 % by default: the issue's 0.98x AR floor): an expensive probe
-(an untrained drafter whose step costs ~10 AR steps and yields ~1 token) waits ~450 steps, while a probe that
-only just missed (a bad step in a good stretch) waits ``probe_after`` steps and the back-off handles noise.
-Cascade and TCP make the same trade between overhead and reaction time. The state persists across generations
-of one engine, per (batch size, temperature), so a new prompt does not pay a fresh series of probes.
+more than ``tolerance`` of the decoding time (1 % by default, half the issue's 0.98x AR floor: the other half
+is for the engine's AR steps, which cost what ``ar``'s do): an expensive probe (an untrained drafter whose step
+costs ~10 AR steps and yields ~1 token) waits ~900 steps, while a probe that only just missed (a bad step in a
+good stretch) waits ``probe_after`` steps and the back-off handles noise. Cascade and TCP make the same trade
+between overhead and reaction time. The state persists across generations of one engine, per (batch size,
+temperature), so a new prompt does not pay a fresh series of probes.
 
 The decision is for the whole batch: drafting, prediction and selection are one pass for all rows, so only
 the batch can skip them. Within a speculative step the goodput selector already decides per row (a row whose
@@ -46,6 +48,10 @@ class FloorState:
     """active rows -> recent AR step seconds."""
     upkeep: deque = field(default_factory=lambda: deque(maxlen=64))
     """recent seconds of speculative steps outside draft / predict / select / verify."""
+    failed: bool = False
+    """the last speculative step's plan fell back (its measured loss is still to be charged)."""
+    predicted_ar: float = 0.0
+    """the AR rate that decision compared with."""
 
 
 class ARFloor:
@@ -64,7 +70,7 @@ class ARFloor:
     """
 
     def __init__(self, margin: float = 1.0, probe_after: int = 4, probe_max: int = 64, window: int = 64,
-                 observe_every: int = 8, tolerance: float = 0.02) -> None:
+                 observe_every: int = 8, tolerance: float = 0.01) -> None:
         if probe_after < 1 or probe_max < probe_after or observe_every < 1:
             raise ValueError(f"AR floor: need 1 <= probe_after <= probe_max and observe_every >= 1, got "
                              f"{probe_after}, {probe_max}, {observe_every}")
@@ -107,15 +113,16 @@ class ARFloor:
                provisional: bool = False) -> bool:
         """After a speculative step's plan: keep speculating (True) or wait before the next probe (False). A
         ``provisional`` plan (its price holds a catch-up cost the selector cannot yet separate) decides
-        nothing: the next step speculates and decides."""
+        nothing: the next step speculates and decides. A fall-back waits the back-off now and, once the step
+        is over, at least what its measured loss asks (:meth:`observe_step`)."""
         st = self.state
+        st.failed = False
         if provisional:
             self.counts["provisional"] += 1
             return True
         upkeep = statistics.median(st.upkeep) if st.upkeep else 0.0
         rate = expected_tokens / max(step_seconds + upkeep, 1e-12)
-        measured = self.ar_rate(rows)
-        ar = measured if measured is not None else predicted_ar_rate
+        ar = self._ar(rows, predicted_ar_rate)
         keep = rate >= self.margin * ar
         self.counts["speculate" if keep else "fall_back"] += 1
         if keep:
@@ -124,7 +131,19 @@ class ARFloor:
             backoff = st.backoff or self.probe_after
             st.backoff = min(2 * backoff, self.probe_max)
             st.wait = backoff
-            if self.tolerance > 0:
-                loss = ((step_seconds + upkeep) * ar - expected_tokens) / max(rows, 1)  # AR steps' worth
-                st.wait = max(backoff, math.ceil(loss / self.tolerance))
+            st.failed, st.predicted_ar = True, ar
         return keep
+
+    def observe_step(self, seconds: float, tokens: int, rows: int) -> None:
+        """A speculative step is over (``seconds`` measured, ``tokens`` committed over ``rows`` active rows): if
+        its plan fell back, wait at least ``loss / tolerance`` AR steps (see the module docstring)."""
+        st = self.state
+        if not st.failed or self.tolerance <= 0:
+            return
+        st.failed = False
+        loss = (seconds * self._ar(rows, st.predicted_ar) - tokens) / max(rows, 1)  # AR steps' worth
+        st.wait = max(st.wait, math.ceil(loss / self.tolerance))
+
+    def _ar(self, rows: int, predicted: float) -> float:
+        measured = self.ar_rate(rows)
+        return measured if measured is not None else predicted

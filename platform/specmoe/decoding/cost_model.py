@@ -264,11 +264,25 @@ class CostModel:
 
     @staticmethod
     def _fit_part(obs: Iterable[tuple[float, float]]) -> np.ndarray | None:
-        """Non-negative ``(a, b)`` of ``seconds = a + b * absorbed`` (robust), or ``None`` without the data."""
-        pts = np.array([(n, s) for n, s in obs if n == n and s > 0], dtype=np.float64).reshape(-1, 2)
-        if len(pts) < 3 or len(np.unique(pts[:, 0])) < 2:
+        """Non-negative ``(a, b)`` of ``seconds = a + b * absorbed``, or ``None`` without the data.
+
+        Least squares on the window's medians per absorbed count (robust to a slow step, and cheap: it runs in
+        the step after each observation)."""
+        pts = [(n, s) for n, s in obs if n == n and s > 0]
+        by_n: dict[float, list[float]] = {}
+        for n, sec in pts:
+            by_n.setdefault(n, []).append(sec)
+        if len(pts) < 3 or len(by_n) < 2:
             return None
-        return huber_fit(np.stack([np.ones(len(pts)), pts[:, 0]], axis=1), pts[:, 1])
+        n = np.array(list(by_n))
+        sec = np.array([statistics.median(v) for v in by_n.values()])
+        w = np.array([len(v) for v in by_n.values()], dtype=np.float64)  # each count weighs its steps
+        n_bar, s_bar = np.average(n, weights=w), np.average(sec, weights=w)
+        b = max(float(np.sum(w * (n - n_bar) * (sec - s_bar)) / np.sum(w * (n - n_bar) ** 2)), 0.0)
+        a = s_bar - b * n_bar
+        if a < 0:  # the intercept cannot be negative: refit through the origin
+            a, b = 0.0, float(np.sum(w * n * sec) / np.sum(w * n * n))
+        return np.array([a, b])
 
     # ---------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:

@@ -344,6 +344,8 @@ class SpeculativeEngine:
             t5 = clock.mark()
             if floor is not None:
                 floor.observe_upkeep(clock.seconds(t4, t5))
+                if floor.state.failed:  # a fall-back: charge its measured loss (one read of the clock)
+                    floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows))
             records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[]))
             traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel, kv_slots, (t0, t1, t2, t3, t4, t5)))
         clock.sync()

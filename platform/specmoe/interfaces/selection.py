@@ -144,7 +144,7 @@ class FloorOptions:
     margin: float = 1.0
     probe_after: int = 4
     probe_max: int = 64
-    tolerance: float = 0.02
+    tolerance: float = 0.01
 
 
 class AdaptiveSelector(Selector):

@@ -82,7 +82,7 @@ class GoodputSelector(AdaptiveSelector):
         exploration, so the acceptance model keeps seeing outcomes while the rate says drafts do not pay
         (otherwise an under-confident draft is never verified and never found to be good). The plan's rate
         and the AR floor's decision remain those of the greedy choice."""
-        floor_tolerance: float = 0.02
+        floor_tolerance: float = 0.01
         """share of the decoding time failed probes may cost: a failed probe is followed by at least
         ``loss / floor_tolerance`` AR steps (0: the back-off alone)."""
 
