@@ -10,6 +10,7 @@ import pytest
 
 from specmoe.bench import cost_calibration, expert_latency
 from specmoe.decoding.cost_model import CostModel
+from specmoe.errors import UserError
 
 
 def test_grid_spans_the_unions():
@@ -73,3 +74,30 @@ def test_calibrate_cli_rejects_bad_features(make_target, tmp_path):
     with pytest.raises(UserError, match="--features"):
         expert_latency.run(_args("--target", target.path, "--calibrate", "--features", "fixed,flops",
                                  "--save", str(tmp_path)))
+
+
+def test_calibrate_cost_stage_writes_a_loadable_model_keyed_by_the_machine(tiny_cache, tmp_path):
+    """The ``calibrate_cost`` stage (the recipes' offline cost model): sweep, fit, JSON a goodput selector
+    loads, errors in its summary; the machine's CPU / GPUs and torch's thread count are in its cache key."""
+    import torch
+
+    from specmoe.interfaces.stage import StageContext
+    from specmoe.registry import selectors, stages
+    from specmoe.stages.runner import stage_key_blob
+
+    cls = stages.get("calibrate_cost")
+    cfg = cls.Config(target={"tiny": {"arch": "gpt_oss"}, "cache_dir": str(tiny_cache)}, gammas=[1, 4],
+                     batches=[1, 2], contexts=[16], unions_per_t=2, iters=2, warmup=0)
+    summary = cls(cfg).run(tmp_path, StageContext())
+    assert summary["calls"] == 2 * summary["configurations"] > 0
+    assert 0 <= summary["heldout_median_abs_rel_error"] < float("inf")
+    model = CostModel.load(tmp_path / "cost_model.json")
+    assert model.meta["layers"] > 0 and model.meta["clock"] == "wall"
+    assert model.coefficient("fixed") + model.coefficient("tokens") > 0
+    sel = selectors.get("goodput")(cost_model=str(tmp_path / "cost_model.json"))
+    assert sel.cost.coefficients() == pytest.approx(model.coefficients())
+    facts = cls.key_facts({})
+    assert facts["threads"] == torch.get_num_threads() and facts["cpu"]
+    assert stage_key_blob("calibrate_cost", cls.version, {}, facts)["facts"] == facts
+    with pytest.raises(UserError, match="calibrate_cost.features"):
+        cls(cls.Config(target={"tiny": {"arch": "gpt_oss"}}, features=["tokens", "nope"])).run(tmp_path, StageContext())

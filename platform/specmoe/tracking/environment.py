@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["env_params", "code_version", "plugin_params", "PACKAGES"]
+__all__ = ["env_params", "code_version", "plugin_params", "hardware", "PACKAGES"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def env_params() -> dict[str, str]:
     for key in ("git_sha", "dirty", "diff"):
         if key in code:
             out[f"env.git.{key.replace('git_', '')}"] = str(code[key]).lower()
-    out.update(_hardware())
+    out.update(hardware())
     return out
 
 
@@ -115,7 +115,8 @@ def plugin_params(components: Iterable[Any]) -> dict[str, str]:
     return out
 
 
-def _hardware() -> dict[str, str]:
+def hardware() -> dict[str, str]:
+    """``env.hw.*``: CPU model and count, GPUs (names, memory, CUDA version)."""
     import platform as std_platform
 
     cpu = std_platform.processor() or std_platform.machine()
