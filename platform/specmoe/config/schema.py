@@ -112,7 +112,8 @@ class EvalConfig:
     """gamma values; empty = [decoding.budget]."""
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     warmup: int = 1
-    """untimed warm-up generations before each timed method."""
+    """untimed warm-up generations of a batch of the cell's size before each timed method (see
+    :func:`specmoe.evaluation.cell.warm_up`)."""
     seed: int = 0
 
 

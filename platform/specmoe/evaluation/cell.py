@@ -30,11 +30,15 @@ def add_counts(a: list[list[int]] | None, b: list[list[int]] | None) -> list[lis
     return [[x + y for x, y in zip(r1, r2)] for r1, r2 in zip(a, b)]
 
 
-def warm_up(method: Any, sample: Sample, render: Render, n: int, *, budget: int, temperature: float, steps: int,
-            top_k: int, stop: StopRule, seed: int) -> None:
-    """``n`` untimed generations of ``sample``'s first turn (kernels, caches and allocators warm up)."""
+def warm_up(method: Any, samples: Sequence[Sample], render: Render, n: int, *, budget: int, temperature: float,
+            steps: int, top_k: int, stop: StopRule, seed: int) -> None:
+    """``n`` untimed generations of ``samples``' first turns as one batch (the cell's batch size): kernels,
+    caches and allocators warm up for that shape, and an adaptive method's online models (cost, acceptance,
+    its AR floor's state for the batch size) see the regime once before timing, as after the first seconds
+    of a serving process. Every method of a cell gets the same warm-up."""
+    prompts = [render(s, 0, []) for s in samples]
     for w in range(n):
-        method.generate([render(sample, 0, [])], budget=budget, steps=steps, top_k=top_k, temperature=temperature,
+        method.generate(prompts, budget=budget, steps=steps, top_k=top_k, temperature=temperature,
                         stop=stop, seed=seed + 10_000 + w)
 
 

@@ -134,7 +134,7 @@ class EvalGroup:
         try:
             method = m.build()
             if m.id not in warmed:
-                warm_up(method, self.samples[0], self.render, self.warmup, seed=self.seed, **kw)
+                warm_up(method, self.samples[:self.batch_size], self.render, self.warmup, seed=self.seed, **kw)
                 warmed.add(m.id)
             return run_batch(method, batch, self.render, self.decode, seed=self.seed + index * 31 * self.batch_size,
                              **kw)
