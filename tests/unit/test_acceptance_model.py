@@ -89,3 +89,36 @@ def test_an_under_confident_drafter_is_corrected_from_few_outcomes():
         errors.append(abs(float(np.mean(m.predict(np.log(p), depth, 0.0) - true))))
         prior.append(float(np.mean(true - p)))
     assert np.mean(errors) < 0.15 and min(prior) > 0.35
+
+
+def _chain_tree(b: int, depth: int, q: float):
+    """``b`` rows of one chain root -> 1 -> ... -> depth, every edge of probability ``q``."""
+    n = depth + 1
+    parents = np.tile(np.arange(-1, depth), (b, 1))
+    dep = np.tile(np.arange(n), (b, 1))
+    return dep * np.log(q), parents, dep
+
+
+def test_paths_are_products_of_calibrated_edges_and_children_never_beat_parents():
+    """Edges 4x under-confident in odds at every depth (q = 0.2, accepted 0.5 given the parent): the path
+    model learns the edge and predicts 0.5 ** depth, where the drafter's own path probability is 0.2 ** depth
+    (at depth 3: 0.125 vs 0.008); whatever the weights (a positive depth weight included) no child is
+    predicted likelier than its parent."""
+    rng = np.random.default_rng(3)
+    m = AcceptanceModel()
+    path_logp, parents, depth = _chain_tree(64, 3, 0.2)
+    prior = m.predict_paths(path_logp, parents, depth, 0.0)
+    np.testing.assert_allclose(prior[0], 0.2 ** np.arange(4), rtol=1e-4)  # unfitted: a = P(path)
+    for _ in range(6):  # verify whole chains; each edge accepted with 0.5 while its parent was
+        ok = rng.random((64, 3)) < 0.5
+        accepted = np.concatenate([np.ones((64, 1), bool), np.cumprod(ok, axis=1).astype(bool)], axis=1)
+        assert m.observe_paths(path_logp, parents, depth, np.ones_like(accepted), accepted, 0.0) == \
+            64 + accepted[:, 1:3].sum()  # edges with an accepted parent only
+    a = m.predict_paths(path_logp, parents, depth, 0.0)
+    np.testing.assert_allclose(a[0], 0.5 ** np.arange(4), atol=0.05)
+    m.weights[0.0] = np.array([0.5, 0.3, 2.0])  # a large positive depth weight
+    g = np.random.default_rng(0)
+    lp = np.cumsum(np.log(g.uniform(0.01, 1.0, (8, 4))), axis=1)
+    lp = np.concatenate([np.zeros((8, 1)), lp], axis=1)
+    a = m.predict_paths(lp, np.tile(np.arange(-1, 4), (8, 1)), np.tile(np.arange(5), (8, 1)), 0.0)
+    assert (np.diff(a, axis=1) <= 1e-12).all() and (a[:, 0] == 1).all()

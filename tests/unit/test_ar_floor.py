@@ -123,6 +123,10 @@ def test_engine_feeds_the_adaptive_selector(make_predictable, agreeing_drafts):
     pred.setup(target)
     sel = selectors.get("goodput")(**FORCED)
     engine = SpeculativeEngine(target, drafter, sel, pred)
+    accepted_edges = []  # accepted non-root nodes per speculative outcome (each is an edge with an accepted parent)
+    observe = sel.observe
+    sel.observe = lambda o: (accepted_edges.append(int(o.accepted.sum()) - int(o.accepted[:, 0].sum()))
+                             if o.speculative else None, observe(o))
     prompts = random_prompts(2, [5, 9], target.vocab_size, seed=6)
     gens = [engine.generate(prompts, budget=4, steps=3, top_k=2, temperature=0, stop=StopRule(MAX_NEW))
             for _ in range(10)]
@@ -131,10 +135,12 @@ def test_engine_feeds_the_adaptive_selector(make_predictable, agreeing_drafts):
     assert len(sel.cost._obs) == n_obs >= sel.cost.min_fit  # every speculative pass, one AR pass in 8
     assert sel.cost.coefficients() != dict(zip(sel.cost.features, sel.cost.prior.tolist()))  # refitted
     n_nodes = sum(sum(s.verified) - len(s.verified) for s in steps if s.speculative)
-    assert sel.acceptance._win[0.0].n == n_nodes  # every verified non-root node's outcome
+    # edge outcomes: verified non-root nodes whose parent was accepted; every accepted one is a success
+    win = sel.acceptance._win[0.0]
+    assert win.data()[1].sum() == sum(accepted_edges) > 0 and sum(accepted_edges) < win.n <= n_nodes
     assert sel.cost.predict_part("t_draft", 2) > 0
     cal = sel.calibration()
-    assert cal["cost"]["n"] == n_obs and cal["acceptance"]["0.0"]["n"] == n_nodes
+    assert cal["cost"]["n"] == n_obs and cal["acceptance"]["0.0"]["n"] == win.n
 
 
 def test_backoff_schedule():

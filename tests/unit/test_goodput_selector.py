@@ -35,7 +35,8 @@ def test_packed_goodput_equals_literal_rate_search(stop, bsz, n, layers, n_exp, 
         b0 = torch.rand(layers, n_exp, generator=g) < 0.2 if trial % 3 == 2 else None
         sel = make(stop=stop)
         ctx = SelectionContext(kv_slots=100, t_draft=2e-3, t_pred=5e-4)
-        acc = torch.from_numpy(sel.acceptance.predict(tree.path_logp.numpy(), tree.depth.numpy(), 0.0))
+        acc = torch.from_numpy(sel.acceptance.predict_paths(tree.path_logp.numpy(), tree.parents.numpy(),
+                                                            tree.depth.numpy(), 0.0))
         for budget in (1, 3, 6, n + 2) if bsz == 1 else (1, 3, 6):  # the literal search is slow
             plan = sel.plan(tree, budget, ex, b0, ctx)
             want, want_rate = ref.goodput(tree, budget, ex, COEF, acc, buffer=b0, t_fixed=2.5e-3, kv_slots=100,
@@ -57,7 +58,8 @@ def test_token_only_ablation_equals_literal_search_and_needs_no_experts():
         sel = make(expert_cost=False)
         sel.cost.meta.update(meta)
         assert not sel.needs_experts
-        acc = torch.from_numpy(sel.acceptance.predict(tree.path_logp.numpy(), tree.depth.numpy(), 0.0))
+        acc = torch.from_numpy(sel.acceptance.predict_paths(tree.path_logp.numpy(), tree.parents.numpy(),
+                                                            tree.depth.numpy(), 0.0))
         plan = sel.plan(tree, 5, None, None, SelectionContext(t_draft=1e-3, t_pred=0.0))
         want, want_rate = ref.goodput(tree, 5, None, COEF, acc, t_fixed=1e-3, expected_union=union)
         assert torch.equal(plan.selected, want)

@@ -1,13 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """Acceptance model: the probability that a draft node's whole root-to-node path is accepted.
 
-Per temperature, a logistic model ``a = sigmoid(w0 + w1 * logit(P(path)) + w2 * depth)`` with a Gaussian prior
-centred on ``w = (0, 1, 0)``, i.e. on ``a = P(path)`` (the draft's own probability taken at face value), so an
-unfitted model is usable and a short window cannot push it far. It is refitted (MAP, Newton) on a sliding
-window of outcomes of verified nodes: a verified node is a success when it lies on the accepted path.
-``w1 >= 0`` and ``w2 <= 0`` are enforced, so a child is never predicted likelier than its parent.
+The model calibrates *edges*: the probability that a node is accepted given that its parent was, from the
+drafter's conditional probability of that edge ``q = P(path) / P(parent's path)`` and the node's depth, per
+temperature: a logistic ``c = sigmoid(w0 + w1 * logit(q) + w2 * depth)``. A path is accepted when each of its
+edges is, so ``a(node) = prod of c over the path`` (:meth:`AcceptanceModel.predict_paths`): a child is never
+predicted likelier than its parent, whatever the weights. (Calibrating the path probability in one logistic
+instead cannot fix a drafter whose every edge is under-confident: the error compounds with depth, and a
+depth weight that could undo it would let children beat their parents.) The Gaussian prior is centred on
+``w = (0, 1, 0)``, i.e. ``c = q`` and ``a = P(path)``: the draft's own probabilities taken at face value, so an
+unfitted model is usable. It is refitted (MAP, Newton) on a sliding window of edge outcomes: every verified
+non-root node whose parent was accepted, a success when it was accepted too. ``w1 >= 0`` is enforced.
 
-Calibration is reported as the Brier score and the expected calibration error (ECE, equal-width bins).
+Calibration is reported on the window's edge outcomes as the Brier score and the expected calibration error
+(ECE, equal-width bins).
 """
 
 from __future__ import annotations
@@ -31,8 +37,8 @@ def temperature_key(temperature: float) -> float:
     return 0.0 if temperature <= 0 else round(float(temperature), 3)
 
 
-def _features(path_logp: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    p = np.clip(np.exp(np.asarray(path_logp, dtype=np.float64)), _CLIP, 1 - _CLIP)
+def _features(logp: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    p = np.clip(np.exp(np.asarray(logp, dtype=np.float64)), _CLIP, 1 - _CLIP)
     return np.stack([np.ones_like(p), np.log(p) - np.log1p(-p), np.asarray(depth, dtype=np.float64)], axis=-1)
 
 
@@ -77,7 +83,7 @@ class _Window:
 
 
 class AcceptanceModel:
-    """Predicts path acceptance from ``(path log-probability, depth)``; one logistic model per temperature.
+    """Predicts path acceptance as a product of calibrated edge probabilities; one model per temperature.
 
     Args:
         window: outcomes kept per temperature.
@@ -101,14 +107,58 @@ class AcceptanceModel:
         """``[3]`` (bias, logit P(path), depth) weights used at ``temperature``."""
         return self.weights.get(temperature_key(temperature), _PRIOR)
 
-    def predict(self, path_logp: np.ndarray, depth: np.ndarray, temperature: float) -> np.ndarray:
-        """Acceptance probabilities, same shape as ``path_logp`` (``depth`` broadcastable to it)."""
-        return _sigmoid(_features(path_logp, depth) @ self.weights_for(temperature))
+    def predict(self, edge_logp: np.ndarray, depth: np.ndarray, temperature: float) -> np.ndarray:
+        """Edge acceptance probabilities ``c`` from edge log-probabilities ``log q`` (same shape; ``depth``
+        broadcastable to it). A node's path acceptance is :meth:`predict_paths`."""
+        return _sigmoid(_features(edge_logp, depth) @ self.weights_for(temperature))
 
-    def observe(self, path_logp: np.ndarray, depth: np.ndarray, accepted: np.ndarray, temperature: float) -> None:
-        """Add outcomes of verified non-root nodes (flat arrays); refits as the class docstring says."""
+    def predict_paths(self, path_logp: np.ndarray, parents: np.ndarray, depth: np.ndarray,
+                      temperature: float) -> np.ndarray:
+        """Path acceptance ``[B, N]`` of a tree: the product of the calibrated edge probabilities from the root
+        (1 at roots; padding nodes get unspecified values).
+
+        Args:
+            path_logp, parents, depth: the tree's ``[B, N]`` path log-probabilities, parent indices (-1 at the
+                root) and depths (parents precede children; depth = parent's depth + 1).
+        """
+        lp = np.asarray(path_logp, dtype=np.float64)
+        par = np.asarray(parents, dtype=np.int64)
+        dep = np.asarray(depth, dtype=np.int64)
+        b, n = lp.shape
+        flat_par = (np.where(par >= 0, par, 0) + (np.arange(b) * n)[:, None]).reshape(-1)
+        lp_flat = np.nan_to_num(lp.reshape(-1), nan=-1e4, neginf=-1e4)
+        edge = np.minimum(lp_flat - lp_flat[flat_par], 0.0)
+        log_c = np.log(np.clip(self.predict(edge, dep.reshape(-1), temperature), 1e-300, 1.0))
+        log_a = np.zeros(b * n)
+        d_flat = dep.reshape(-1)
+        for d in range(1, int(d_flat.max(initial=0)) + 1):  # one vectorised step per depth level
+            f = np.flatnonzero((d_flat == d) & (par.reshape(-1) >= 0))
+            log_a[f] = log_a[flat_par[f]] + log_c[f]
+        return np.exp(log_a).reshape(b, n)
+
+    def observe_paths(self, path_logp: np.ndarray, parents: np.ndarray, depth: np.ndarray, verified: np.ndarray,
+                      accepted: np.ndarray, temperature: float) -> int:
+        """Add the edge outcomes of a verified tree (``[B, N]`` arrays; ``verified``/``accepted`` bool, the
+        accepted path's nodes including the root): every verified non-root node whose parent was accepted.
+        Returns the number of outcomes added."""
+        lp = np.asarray(path_logp, dtype=np.float64)
+        par = np.asarray(parents, dtype=np.int64)
+        acc = np.asarray(accepted, dtype=bool)
+        b, n = lp.shape
+        flat_par = (np.where(par >= 0, par, 0) + (np.arange(b) * n)[:, None]).reshape(-1)
+        m = np.asarray(verified, dtype=bool).reshape(-1) & (par.reshape(-1) >= 0) & acc.reshape(-1)[flat_par]
+        f = np.flatnonzero(m)
+        if f.size:
+            lp_flat = lp.reshape(-1)
+            self.observe(np.minimum(lp_flat[f] - lp_flat[flat_par[f]], 0.0), np.asarray(depth).reshape(-1)[f],
+                         acc.reshape(-1)[f], temperature)
+        return int(f.size)
+
+    def observe(self, edge_logp: np.ndarray, depth: np.ndarray, accepted: np.ndarray, temperature: float) -> None:
+        """Add edge outcomes (flat arrays: the edge's log-probability ``log q``, the node's depth, whether it
+        was accepted given its parent was); refits as the class docstring says."""
         key = temperature_key(temperature)
-        x = _features(np.ravel(path_logp), np.ravel(depth))
+        x = _features(np.ravel(edge_logp), np.ravel(depth))
         y = np.ravel(np.asarray(accepted, dtype=np.float64))
         if y.size == 0:
             return
@@ -146,7 +196,7 @@ class AcceptanceModel:
             if f - f_new < 1e-9 * max(1.0, abs(f)):
                 break
             f = f_new
-        w[1], w[2] = max(w[1], 0.0), min(w[2], 0.0)
+        w[1] = max(w[1], 0.0)
         self.weights[key] = w
 
     def calibration(self, temperature: float, bins: int = 10) -> dict[str, float]:

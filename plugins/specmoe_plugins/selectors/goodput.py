@@ -177,8 +177,8 @@ class GoodputSelector(AdaptiveSelector):
             self.last_plan = SelectionPlan(torch.zeros(b, n, dtype=torch.bool, device=tree.tokens.device),
                                            torch.zeros(b, dtype=torch.float64), 0.0, 0.0, 0.0, 0.0)
             return self.last_plan
-        acc = self.acceptance.predict(tree.path_logp.detach().cpu().numpy(), tree.depth.detach().cpu().numpy(),
-                                      ctx.temperature).reshape(-1)
+        acc = self.acceptance.predict_paths(tree.path_logp.detach().cpu().numpy(), pool.parents,
+                                            tree.depth.detach().cpu().numpy(), ctx.temperature).reshape(-1)
         b0 = None
         if cfg.expert_cost:
             b0 = pack_sets(buffer.reshape(experts.shape[-2:])) if buffer is not None else None
@@ -265,8 +265,7 @@ class GoodputSelector(AdaptiveSelector):
             self._absorbed.append(int(outcome.accepted.sum(dim=1).max()))
         if outcome.tree is not None and outcome.selected is not None and outcome.accepted is not None:
             tree = outcome.tree
-            mask = (outcome.selected & tree.valid).clone()
-            mask[:, 0] = False
-            self.acceptance.observe(tree.path_logp[mask].detach().cpu().numpy(),
-                                    tree.depth[mask].detach().cpu().numpy(),
-                                    outcome.accepted[mask].detach().cpu().numpy(), outcome.temperature)
+            self.acceptance.observe_paths(tree.path_logp.detach().cpu().numpy(), tree.parents.detach().cpu().numpy(),
+                                          tree.depth.detach().cpu().numpy(),
+                                          (outcome.selected & tree.valid).detach().cpu().numpy(),
+                                          outcome.accepted.detach().cpu().numpy(), outcome.temperature)
