@@ -194,3 +194,41 @@ def test_a_provisional_plan_decides_nothing():
     assert floor.decide(1.0, 1.0, 1, predicted_ar_rate=10.0, provisional=True)
     assert (floor.state.wait, floor.state.backoff) == state
     assert floor.counts == {"speculate": 0, "fall_back": 1, "provisional": 1}
+
+
+
+
+def test_a_catch_up_is_charged_only_where_speculation_does_not_pay():
+    """The first step of a generation drafts the whole prompt, a catch-up paid once whenever speculation
+    starts. Where speculation pays (recent decided steps, catch-ups left out, beat AR; assumed until 4 were
+    seen) a failed probe is charged its steady-state loss only; where it does not, the whole step."""
+    def probe(floor, seconds, tokens, catch_up):
+        assert not floor.decide(1.0, 0.2, 1, predicted_ar_rate=1.0, catch_up=catch_up)
+        floor.observe_step(seconds, tokens, 1)
+        return floor.state.wait
+
+    def fresh():
+        floor = ARFloor(margin=1.0, probe_after=4, probe_max=64, tolerance=0.05)
+        floor.begin(1, 0.0)
+        floor.observe_ar(1, 0.1)  # AR: 10 tokens/s
+        return floor
+
+    # no evidence yet: 0.5 s for 1 token with a 0.2 s catch-up lost 2 AR steps without it -> 40 (80 with it)
+    assert probe(fresh(), 0.5, 1, 0.2) == 40
+    # 0.5 s for 4 tokens: 0.3 s without the catch-up beat AR (3 tokens' time) -> the back-off only
+    assert probe(fresh(), 0.5, 4, 0.2) == 4
+    losing = fresh()
+    for _ in range(4):  # speculation does not pay here: steps of 0.3 s commit 1 token
+        losing.decide(1.0, 0.2, 1, predicted_ar_rate=1.0)
+        losing.observe_step(0.3, 1, 1)
+    assert not losing.pays()
+    assert probe(losing, 0.5, 1, 0.2) == 80  # the catch-up is charged too
+    paying = fresh()
+    for _ in range(4):  # speculation pays: 0.3 s steps commit 5 tokens
+        assert paying.decide(100.0, 0.2, 1, predicted_ar_rate=1.0)
+        paying.observe_step(0.3, 5, 1)
+    assert paying.pays() and probe(paying, 0.5, 1, 0.2) == 40
+    provisional = fresh()
+    provisional.decide(1.0, 0.2, 1, predicted_ar_rate=1.0, provisional=True)
+    provisional.observe_step(0.3, 0, 1)  # a provisional step is not evidence
+    assert len(provisional.state.realised) == 0

@@ -186,3 +186,6 @@ def test_a_catch_up_step_is_priced_as_a_speculative_stretch():
     assert not priced.provisional
     # the same choice priced with 2.1 ms of drafting instead of the catch-up's 10 ms
     assert priced.t_step - (priced.t_verify + 1e-4) == pytest.approx(2.1e-3, rel=1e-3)
+    assert priced.catch_up == pytest.approx(10e-3 - 2.1e-3, rel=1e-3)  # what the price left out, for the floor
+    assert sel.plan(tree, 4, ex, None, SelectionContext(kv_slots=100, t_draft=1e-3, t_pred=0.0,
+                                                        absorbed=80)).catch_up == 0.0  # cheaper than the fit

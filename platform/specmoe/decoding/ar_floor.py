@@ -8,18 +8,27 @@ second of the engine's own recent AR steps at that row count; the selector's pre
 measured). Below ``margin`` x the AR rate the engine takes AR steps (no drafting, no predictor, no selection),
 then probes speculation again with one speculative step.
 
-Probe schedule: exponential back-off in steps, never shorter than what keeps failed probes cheap. A failed
-probe (a speculative step whose plan did not pay) lost ``loss = (T_probe x AR rate - tokens) / rows`` AR
-steps' worth of tokens, *measured* once the step is over (``T_probe`` its seconds, drafting the catch-up
-included; ``tokens`` what it committed): :meth:`ARFloor.observe_step`. After it the engine waits
+Probe schedule: exponential back-off in steps, never shorter than what keeps failed probes cheap. A failed probe
+(a speculative step whose plan did not pay) lost ``loss = (T_probe x AR rate - tokens) / rows`` AR steps' worth of
+tokens, *measured* once the step is over (``T_probe`` its seconds, ``tokens`` what it committed):
+:meth:`ARFloor.observe_step`. A probe's seconds hold its catch-up (the plan's ``catch_up``: drafting the prompt,
+or the tokens of the AR steps before it, beyond what a step of a speculative stretch drafts), paid once whenever
+speculation starts again. Where speculation pays in the regime (its recent decided speculative steps, catch-ups
+left out, committed at least as many tokens as AR steps would have in their time; assumed until 4 such steps were
+seen), the catch-up is an investment, not a loss, and a failed probe is charged its steady-state loss only (often
+none: the plan was pessimistic). Where it does not pay, the whole step is charged, catch-up included: entering
+speculation costs the catch-up every time (on the demo at batch 1, drafting the ~600-token prompt costs ~3 AR
+steps, ~3 % of a 96-token generation). Charging the catch-up always made the first step of a generation at batch 4
+(~10 AR steps' worth) wait ~1,000 steps, the rest of the evaluation cell, where EAGLE-3 beats AR by 5-14 %; never
+charging it would make every generation pay it at T = 1, where every fixed γ loses 2-3x. After it the engine waits
 ``max(backoff, ceil(loss / tolerance))`` AR steps, where ``backoff`` starts at ``probe_after`` and doubles with
-each consecutive failure up to ``probe_max``; a probe whose plan pays resets it. So failed probes never cost
-more than ``tolerance`` of the decoding time (1 % by default, half the issue's 0.98x AR floor: the other half
-is for the engine's AR steps, which cost what ``ar``'s do): an expensive probe (an untrained drafter whose step
-costs ~10 AR steps and yields ~1 token) waits ~900 steps, while a probe that only just missed (a bad step in a
-good stretch) waits ``probe_after`` steps and the back-off handles noise. Cascade and TCP make the same trade
-between overhead and reaction time. The state persists across generations of one engine, per (batch size,
-temperature), so a new prompt does not pay a fresh series of probes.
+each consecutive failure up to ``probe_max``; a probe whose plan pays resets it. So failed probes never cost more
+than ``tolerance`` of the decoding time (1 % by default, half the issue's 0.98x AR floor: the other half is for
+the engine's AR steps, which cost what ``ar``'s do): an expensive probe (an untrained drafter whose step costs ~10
+AR steps and yields ~1 token) waits ~900 steps, while a probe that only just missed (a bad step in a good stretch)
+waits ``probe_after`` steps and the back-off handles noise. Cascade and TCP make the same trade between overhead
+and reaction time. The state persists across generations of one engine, per (batch size, temperature), so a new
+prompt does not pay a fresh series of probes.
 
 The decision is for the whole batch: drafting, prediction and selection are one pass for all rows, so only
 the batch can skip them. Within a speculative step the goodput selector already decides per row (a row whose
@@ -50,8 +59,14 @@ class FloorState:
     """recent seconds of speculative steps outside draft / predict / select / verify."""
     failed: bool = False
     """the last speculative step's plan fell back (its measured loss is still to be charged)."""
+    decided: bool = False
+    """the last speculative step's plan decided (it was not provisional)."""
+    realised: deque = field(default_factory=lambda: deque(maxlen=32))
+    """recent decided speculative steps: (tokens committed, tokens AR steps would have in their steady seconds)."""
     predicted_ar: float = 0.0
     """the AR rate that decision compared with."""
+    catch_up: float = 0.0
+    """that decision's catch-up seconds."""
 
 
 class ARFloor:
@@ -110,13 +125,14 @@ class ARFloor:
         self.state.upkeep.append(max(seconds, 0.0))
 
     def decide(self, expected_tokens: float, step_seconds: float, rows: int, predicted_ar_rate: float,
-               provisional: bool = False) -> bool:
+               provisional: bool = False, catch_up: float = 0.0) -> bool:
         """After a speculative step's plan: keep speculating (True) or wait before the next probe (False). A
         ``provisional`` plan (its price holds a catch-up cost the selector cannot yet separate) decides
         nothing: the next step speculates and decides. A fall-back waits the back-off now and, once the step
-        is over, at least what its measured loss asks (:meth:`observe_step`)."""
+        is over, at least what its measured loss asks (:meth:`observe_step`; ``catch_up``: the seconds of the
+        step's catch-up)."""
         st = self.state
-        st.failed = False
+        st.failed, st.decided, st.catch_up = False, not provisional, max(catch_up, 0.0)
         if provisional:
             self.counts["provisional"] += 1
             return True
@@ -131,18 +147,33 @@ class ARFloor:
             backoff = st.backoff or self.probe_after
             st.backoff = min(2 * backoff, self.probe_max)
             st.wait = backoff
-            st.failed, st.predicted_ar = True, ar
+            st.failed = True
+        st.predicted_ar = ar
         return keep
 
     def observe_step(self, seconds: float, tokens: int, rows: int) -> None:
-        """A speculative step is over (``seconds`` measured, ``tokens`` committed over ``rows`` active rows): if
-        its plan fell back, wait at least ``loss / tolerance`` AR steps (see the module docstring)."""
+        """A speculative step is over (``seconds`` measured, ``tokens`` committed over ``rows`` active rows):
+        recorded for :meth:`pays` when its plan decided; if its plan fell back, wait at least ``loss /
+        tolerance`` AR steps, the catch-up charged only where speculation does not pay (module docstring)."""
         st = self.state
-        if not st.failed or self.tolerance <= 0:
+        failed, st.failed = st.failed, False
+        if not st.decided:
             return
-        st.failed = False
-        loss = (seconds * self._ar(rows, st.predicted_ar) - tokens) / max(rows, 1)  # AR steps' worth
+        ar = self._ar(rows, st.predicted_ar)
+        steady = max(seconds - st.catch_up, 0.0) * ar  # tokens AR steps would have committed meanwhile
+        st.realised.append((float(tokens), steady))
+        if not failed or self.tolerance <= 0:
+            return
+        loss = (steady - tokens) / max(rows, 1)  # AR steps' worth
+        if not self.pays():
+            loss = (seconds * ar - tokens) / max(rows, 1)
         st.wait = max(st.wait, math.ceil(loss / self.tolerance))
+
+    def pays(self, evidence: int = 4) -> bool:
+        """Whether speculation pays in this regime: its recent decided speculative steps committed at least
+        the tokens AR steps would have in their time (catch-ups left out); True until ``evidence`` steps."""
+        seen = self.state.realised
+        return len(seen) < evidence or sum(t for t, _ in seen) >= sum(a for _, a in seen)
 
     def _ar(self, rows: int, predicted: float) -> float:
         measured = self.ar_rate(rows)

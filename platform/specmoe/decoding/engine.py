@@ -313,7 +313,7 @@ class SpeculativeEngine:
             width, n_verified = self._selection_width(tree, sel, budget)
             if floor is not None:
                 floor.decide(float(plan.expected_tokens.sum()), plan.t_step, len(rows), plan.ar_rate,
-                             provisional=plan.provisional)
+                             provisional=plan.provisional, catch_up=plan.catch_up)
             t3 = clock.mark()
 
             # ---- verify the selected nodes in one target pass
@@ -344,8 +344,7 @@ class SpeculativeEngine:
             t5 = clock.mark()
             if floor is not None:
                 floor.observe_upkeep(clock.seconds(t4, t5))
-                if floor.state.failed:  # a fall-back: charge its measured loss (one read of the clock)
-                    floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows))
+                floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows))  # a fall-back: charged
             records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[]))
             traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel, kv_slots, (t0, t1, t2, t3, t4, t5)))
         clock.sync()

@@ -69,6 +69,8 @@ class SelectionPlan:
             drafting, prediction or selection).
         provisional: the price includes a catch-up cost (``SelectionContext.absorbed``) the selector cannot
             yet tell from a speculative stretch's: an AR floor should not decide on it (speculate once more).
+        catch_up: measured seconds of this step's drafting / prediction beyond what a step of a speculative
+            stretch pays (the catch-up on the prompt or on AR steps' tokens that ``t_step`` left out; 0 when none).
     """
 
     selected: torch.Tensor
@@ -78,6 +80,7 @@ class SelectionPlan:
     expected_rate: float
     ar_rate: float
     provisional: bool = False
+    catch_up: float = 0.0
 
 
 @dataclass

@@ -138,15 +138,16 @@ class GoodputSelector(AdaptiveSelector):
         the longest accepted path (+ bonus) of the step before (2 before any was seen)."""
         return int(np.median(self._absorbed)) if self._absorbed else 2
 
-    def _fixed_seconds(self, ctx: SelectionContext, rows: int) -> tuple[float, bool]:
-        """``T_draft + T_pred + T_select`` of a step of a speculative stretch, and whether that is provisional.
+    def _fixed_seconds(self, ctx: SelectionContext, rows: int) -> tuple[float, bool, float]:
+        """``T_draft + T_pred + T_select`` of a step of a speculative stretch, whether that is provisional, and
+        the measured seconds it left out (the catch-up).
 
         A step that first absorbed more committed tokens than a speculative stretch does (the prompt, or the
         tokens of AR steps) measured a catch-up that the steps to come will not pay: its seconds are replaced
         by the cost model's ``a + b * absorbed`` at the stretch's width when that fit exists; else the measured
         seconds are used and the price is provisional (an AR floor does not decide on it)."""
         cm, steady = self.cost, self.steady_absorbed()
-        total, provisional = cm.predict_part("t_select", rows), False
+        total, provisional, catch_up = cm.predict_part("t_select", rows), False, 0.0
         for part, measured in (("t_draft", ctx.t_draft), ("t_pred", ctx.t_pred)):
             if measured is None:
                 total += cm.predict_part(part, rows, absorbed=steady)
@@ -155,10 +156,11 @@ class GoodputSelector(AdaptiveSelector):
                 fit = cm.part_at(part, rows, steady)
                 if fit is None:
                     provisional = True
-                else:
-                    measured = min(measured, fit)
+                elif fit < measured:
+                    catch_up += measured - fit
+                    measured = fit
             total += measured
-        return total, provisional
+        return total, provisional, catch_up
 
     # ---------------------------------------------------------------- selection
     def plan(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
@@ -187,7 +189,7 @@ class GoodputSelector(AdaptiveSelector):
         else:
             e0 = self.expected_expert_layers(n_live)
         kv = ctx.kv_slots
-        t_fixed, provisional = self._fixed_seconds(ctx, b)
+        t_fixed, provisional, catch_up = self._fixed_seconds(ctx, b)
         t_ar = cm.predict_verify(VerifyShape(tokens=n_live, expert_layers=e0, rows=b, width=1, kv_slots=kv))
         c_tok = cm.coefficient("tokens") + cm.coefficient("token_kv") * kv
         c_col = cm.coefficient("padded_tokens") * b  # one more column of a padded batch
@@ -244,7 +246,7 @@ class GoodputSelector(AdaptiveSelector):
         self.last_plan = SelectionPlan(
             selected=torch.from_numpy(sel).to(dev), expected_tokens=torch.from_numpy(exp_tokens),
             t_verify=float(t_verify), t_step=float(t_fixed + t_verify), expected_rate=float(rate),
-            ar_rate=n_live / t_ar if t_ar > 0 else float("inf"), provisional=provisional)
+            ar_rate=n_live / t_ar if t_ar > 0 else float("inf"), provisional=provisional, catch_up=catch_up)
         return self.last_plan
 
     # ---------------------------------------------------------------- feedback
