@@ -172,3 +172,17 @@ def test_the_sibling_share_tells_the_accepted_child_from_its_sibling():
     flat_err = np.abs(flat.predict_paths(path_logp, parents, dep, 0.0) - true_a)  # no share weight: w3 = 0
     assert m.weights_for(0.0)[3] > 2.0 and flat.weights_for(0.0)[3] == 0.0
     assert err.max() < 0.03 and err.mean() < 0.01 and flat_err.mean() > 5 * err.mean()
+
+
+def test_a_slope_the_data_want_negative_is_fixed_at_zero_and_the_rest_refitted():
+    """Outcomes that fall with q (a drafter whose confidence is anti-informative on this window): the slope is
+    held at 0 (likelier edges are never predicted less likely) and the bias refitted with it, so the mean
+    prediction still matches the mean outcome, which clamping the slope after the fit does not give."""
+    rng = np.random.default_rng(7)
+    q = rng.uniform(0.05, 0.95, 4000)
+    acc = rng.random(4000) < 1 / (1 + np.exp(-(1.0 - 1.5 * np.log(q / (1 - q)))))
+    m = AcceptanceModel(window=4000, refit_every=4000)
+    m.observe(np.log(q), np.ones(4000), acc, 0.0)
+    w = m.weights_for(0.0)
+    assert w[1] == 0.0
+    assert abs(m.predict(np.log(q), np.ones(4000), 0.0).mean() - acc.mean()) < 0.02

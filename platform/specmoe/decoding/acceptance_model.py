@@ -69,6 +69,39 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
+#: weights that must not be negative: the slope on logit q and the share's (likelier edges are likelier)
+_MONOTONE = (1, 3)
+
+
+def _map_fit(x: np.ndarray, y: np.ndarray, lam: np.ndarray, fixed: set[int]) -> np.ndarray:
+    """MAP logistic weights (Gaussian prior ``_PRIOR``, precisions ``lam``) by Newton with backtracking
+    (plain Newton can diverge on logistic losses); the weights in ``fixed`` stay at 0."""
+    free = np.array([i for i in range(len(_PRIOR)) if i not in fixed])
+    w = _PRIOR.copy()
+    w[list(fixed)] = 0.0
+
+    def objective(v: np.ndarray) -> float:  # negative log-posterior
+        z = x @ v
+        return float(np.sum(np.logaddexp(0.0, z) - y * z) + 0.5 * np.sum(lam * (v - _PRIOR) ** 2))
+
+    f = objective(w)
+    for _ in range(50):
+        p = _sigmoid(x @ w)
+        grad = (x.T @ (p - y) + lam * (w - _PRIOR))[free]
+        hess = ((x * (p * (1 - p))[:, None]).T @ x + np.diag(lam))[np.ix_(free, free)]
+        step = np.zeros_like(w)
+        step[free] = np.linalg.solve(hess, grad)
+        t = 1.0
+        while t > 1e-6 and objective(w - t * step) > f - 1e-4 * t * float(grad @ step[free]):
+            t *= 0.5
+        w = w - t * step
+        f_new = objective(w)
+        if f - f_new < 1e-9 * max(1.0, abs(f)):
+            break
+        f = f_new
+    return w
+
+
 def brier_score(pred: np.ndarray, outcome: np.ndarray) -> float:
     """Mean squared error of probabilities against 0/1 outcomes."""
     return float(np.mean((np.asarray(pred, np.float64) - np.asarray(outcome, np.float64)) ** 2))
@@ -188,35 +221,22 @@ class AcceptanceModel:
             self.refit(key)
 
     def refit(self, temperature: float) -> None:
-        """MAP logistic fit of the window at ``temperature`` (Newton), monotonicity enforced."""
+        """MAP logistic fit of the window at ``temperature`` (Newton), monotonicity enforced: a slope or share
+        weight the fit wants negative is fixed at 0 and the other weights are fitted again (clamping it
+        afterwards would leave the others fitted to the negative value)."""
         key = temperature_key(temperature)
         self._since[key] = 0
         win = self._win.get(key)
         if win is None or win.n == 0:
             return
         x, y = win.data()
-        lam = self.prior_strength * _PRIOR_SCALE  # [3] precision per weight
-
-        def objective(w: np.ndarray) -> float:  # negative log-posterior
-            z = x @ w
-            return float(np.sum(np.logaddexp(0.0, z) - y * z) + 0.5 * np.sum(lam * (w - _PRIOR) ** 2))
-
-        w = _PRIOR.copy()
-        f = objective(w)
-        for _ in range(50):  # Newton with backtracking (plain Newton can diverge on logistic losses)
-            p = _sigmoid(x @ w)
-            grad = x.T @ (p - y) + lam * (w - _PRIOR)
-            hess = (x * (p * (1 - p))[:, None]).T @ x + np.diag(lam)
-            step = np.linalg.solve(hess, grad)
-            t = 1.0
-            while t > 1e-6 and objective(w - t * step) > f - 1e-4 * t * float(grad @ step):
-                t *= 0.5
-            w = w - t * step
-            f_new = objective(w)
-            if f - f_new < 1e-9 * max(1.0, abs(f)):
+        fixed: set[int] = set()
+        while True:
+            w = _map_fit(x, y, self.prior_strength * _PRIOR_SCALE, fixed)
+            negative = {i for i in _MONOTONE if w[i] < 0} - fixed
+            if not negative:
                 break
-            f = f_new
-        w[1], w[3] = max(w[1], 0.0), max(w[3], 0.0)
+            fixed |= negative
         self.weights[key] = w
 
     def calibration(self, temperature: float, bins: int = 10) -> dict[str, float]:
