@@ -344,7 +344,7 @@ class SpeculativeEngine:
             t5 = clock.mark()
             if floor is not None:
                 floor.observe_upkeep(clock.seconds(t4, t5))
-                floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows))  # a fall-back: charged
+                floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows))  # evidence; a fall-back: charged
             records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[]))
             traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel, kv_slots, (t0, t1, t2, t3, t4, t5)))
         clock.sync()
