@@ -2,7 +2,8 @@
 """The packed selectors pick exactly the nodes of the original torch implementations (frozen in
 ``fixtures/reference_selection.py``) on many random trees: random parents, edge probabilities drawn from a small
 set (ties in P(path) and in scores), few experts (ties in marginal costs) and GPT-OSS-120B-sized sets, padding
-nodes and inactive rows, batch 1 and 8, shared and per-row buffers, with and without an initial buffer."""
+nodes and inactive rows, batch 1 and 8, shared and per-row buffers, with and without an initial buffer. ``ecospec``
+is checked through both of its loops (numpy over packed words, and plain Python for small pools)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import pytest
 import torch
 from fixtures import reference_selection as ref
 from fixtures.random_trees import random_sets, random_tree
+from fixtures.selector_loops import force_loop
 
 from specmoe.decoding.bitsets import pack_bytes_torch, pack_sets, path_unions, popcount_rows
 from specmoe.interfaces.tree import DraftTree
 from specmoe.registry import selectors
+
+ECOSPEC = "specmoe_plugins.selectors.ecospec"
 
 CASES = [
     # (batch, nodes, layers, experts, top_k)
@@ -26,8 +30,14 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["packed", "scalar"])
+def ecospec_loop(request, monkeypatch):
+    return request.param, force_loop(monkeypatch, ECOSPEC, request.param)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "bs{}_n{}_L{}_E{}".format(*c[:4]))
-def test_packed_selectors_equal_reference(case):
+def test_packed_selectors_equal_reference(case, ecospec_loop):
+    loop, scalar_calls = ecospec_loop
     bsz, n, layers, n_exp, k = case
     g = torch.Generator().manual_seed(sum(case))
     checked = 0
@@ -46,6 +56,8 @@ def test_packed_selectors_equal_reference(case):
             assert torch.equal(selectors.get("confidence")().select(tree, budget), ref.confidence(tree, budget))
             checked += 1
     assert checked > 0
+    # the scalar loop runs exactly where the rows are independent (per-row buffers, or one row)
+    assert (len(scalar_calls) > 0) == (loop == "scalar")
 
 
 def test_ties_are_broken_like_the_reference():

@@ -49,3 +49,11 @@ def test_options_and_bad_input():
         bench.build_selectors(["goodput"], ["gamma_max=3"])
     with pytest.raises(UserError, match="bad option"):
         bench.build_selectors(["goodput"], ["goodput.colour=red"])
+
+
+def test_cold_calls_are_announced_and_timed(capsys):
+    rc = bench.run(_args("--selectors", "ecospec", "--cases", "pool10_g4_bs1", "--layers", "4", "--experts", "16",
+                         "--top-k", "2", "--trees", "1", "--repeats", "2", "--flush-mb", "1"))
+    out = capsys.readouterr().out
+    assert rc == 0 and "caches flushed (1 MB written) before each call" in out
+    assert float(next(ln for ln in out.splitlines() if ln.startswith("pool10_g4_bs1")).split()[2]) > 0

@@ -6,7 +6,9 @@ the same at batch 8 with the buffer shared by the batch; a 60-node pool (random 
 Every selector runs on the same ``--trees`` random pools with random top-K expert sets (interleaved, so
 machine-load drifts hit all selectors alike); the time of one ``select`` call includes everything the
 selector does with the ``[B, N, L, E]`` bool expert sets. Prints the median and p90 per call, and the
-ratio median / target.
+ratio median / target. ``--flush-mb`` times every call after writing a buffer larger than the CPU caches, the
+state a selection starts in inside a decoding step (after the verification pass has streamed the target's
+weights); by default the calls run back to back, warm.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=10, help="timed calls per pool and selector")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the targets are for one)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--flush-mb", type=int, default=0,
+                   help="write this many MB before every timed call (cold caches, as inside a decoding step); "
+                        "0: warm calls")
 
 
 def random_case(bsz: int, pool: int, layers: int, experts: int, top_k: int, seed: int) -> tuple[Any, Any]:
@@ -115,15 +120,21 @@ def build_selectors(names: list[str], options: list[str] | None = None) -> dict[
 
 
 def measure(sels: dict[str, Any], cases: list[str], *, layers: int, experts: int, top_k: int, trees: int,
-            repeats: int, seed: int) -> dict[tuple[str, str], list[float]]:
-    """Milliseconds per ``select`` call for every (case, selector)."""
+            repeats: int, seed: int, flush_mb: int = 0) -> dict[tuple[str, str], list[float]]:
+    """Milliseconds per ``select`` call for every (case, selector); with ``flush_mb`` each call follows a write
+    of that many MB (not timed)."""
+    import torch
+
     out: dict[tuple[str, str], list[float]] = {}
+    scratch = torch.zeros(flush_mb * 2**18) if flush_mb > 0 else None
     for case in cases:
         pool, gamma, bsz, _ = CASES[case]
         for t in range(trees):
             tree, ex = random_case(bsz, pool, layers, experts, top_k, seed + 1000 * t + pool + bsz)
             for _ in range(repeats):
                 for name, sel in sels.items():
+                    if scratch is not None:
+                        scratch.add_(1.0)
                     t0 = time.perf_counter()
                     sel.select(tree, gamma, ex if sel.needs_experts else None)
                     out.setdefault((case, name), []).append((time.perf_counter() - t0) * 1e3)
@@ -146,9 +157,10 @@ def run(args: argparse.Namespace) -> int:
         tree, ex = random_case(2, 10, args.layers, args.experts, args.top_k, args.seed)
         s.select(tree, 4, ex if s.needs_experts else None)
     times = measure(sels, cases, layers=args.layers, experts=args.experts, top_k=args.top_k, trees=args.trees,
-                    repeats=args.repeats, seed=args.seed)
+                    repeats=args.repeats, seed=args.seed, flush_mb=args.flush_mb)
+    state = f"caches flushed ({args.flush_mb} MB written) before each call" if args.flush_mb > 0 else "warm calls"
     print(f"# selection time per step: {args.layers} MoE layers, {args.experts} experts, top-{args.top_k}, "
-          f"threads={torch.get_num_threads()}, {args.trees} pools x {args.repeats} calls per cell")
+          f"threads={torch.get_num_threads()}, {args.trees} pools x {args.repeats} calls per cell, {state}")
     print(f"{'case':<16}{'selector':<22}{'median ms':>10}{'p90 ms':>9}{'target ms':>10}{'median/target':>15}")
     for case in cases:
         target = CASES[case][3]

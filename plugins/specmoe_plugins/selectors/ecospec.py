@@ -15,7 +15,10 @@ experts that other rows already load (the verification pass reads the union over
 nodes a row verifies depending on the other rows, so it is opt-in. With batch size 1 both are the same.
 
 The sets are packed into 64-bit words on the host (:class:`~specmoe.decoding.selection.PackedPool`) and each
-pick costs a few numpy operations over the current candidates (:func:`~specmoe.decoding.selection.greedy_packed`).
+pick costs a few numpy operations over the current candidates (:func:`~specmoe.decoding.selection.greedy_packed`);
+small pools of independent rows (per-row buffers, or batch 1) run the same greedy in plain Python
+(:func:`~specmoe.decoding.selection.greedy_scalar`, faster there, see :mod:`specmoe.decoding.selection`). Scores
+are float32 in both, as the original torch scores were.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 import torch
 
 from specmoe.decoding.bitsets import pack_sets
-from specmoe.decoding.selection import PackedPool, greedy_packed
+from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.tree import DraftTree
 
@@ -51,11 +54,24 @@ class EcoSpecSelector(Selector):
                buffer: torch.Tensor | None = None) -> torch.Tensor:
         if experts is None:
             raise ValueError("ecospec needs predicted expert sets")
-        pool = PackedPool.build(tree, experts)
         b0 = None if buffer is None else pack_sets(buffer.reshape(experts.shape[-2:]))
-        prob = tree.path_prob.detach().cpu().numpy().reshape(-1)  # float32, as the torch scores were
         eps = np.float32(self.config.eps)
         shared = self.config.shared_buffer
+        if (not shared or tree.batch_size == 1) and tree.batch_size * tree.num_nodes <= SCALAR_POOL:
+            probs = list(tree.path_prob.detach().cpu().numpy())  # [B] rows of np.float32 scalars
+            den: dict[int, np.float32] = {}
+
+            def score(r: int, i: int, new: int) -> np.float32:
+                d = den.get(new)
+                if d is None:
+                    d = den[new] = np.float32(new) + eps
+                return probs[r][i] / d
+
+            sel = greedy_scalar(ScalarPool.build(tree, experts), budget, score, shape=tuple(tree.tokens.shape),
+                                buffer=0 if b0 is None else int.from_bytes(b0.tobytes(), "little"))
+            return torch.from_numpy(sel).to(tree.tokens.device)
+        pool = PackedPool.build(tree, experts)
+        prob = tree.path_prob.detach().cpu().numpy().reshape(-1)  # float32, as the torch scores were
         sel = greedy_packed(pool, budget, lambda idx, new: prob[idx] / (new.astype(np.float32) + eps),
                             buffer=b0, shared=shared, joint=shared and tree.batch_size > 1)
         return torch.from_numpy(sel).to(tree.tokens.device)
