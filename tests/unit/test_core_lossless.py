@@ -110,19 +110,28 @@ def test_oracle_predictor_keeps_output(make_target):
             assert s.predicted_per_layer == s.experts_per_layer
 
 
-def test_selector_error_is_named(make_target):
+@pytest.mark.parametrize("fault", ["open", "rootless", "padding", "over_budget"])
+def test_selector_error_is_named(make_target, fault):
     from specmoe.decoding.engine import SelectorError
     from specmoe.interfaces.selector import Selector
 
     class Broken(Selector):
         def select(self, tree, budget, experts=None, buffer=None):
             sel = torch.zeros_like(tree.valid)
-            sel[:, 0] = True
-            sel[:, -1] = True  # a deep leaf without its ancestors
+            sel[:, 0] = fault != "rootless"
+            if fault in ("open", "rootless"):
+                sel[:, -1] = True  # a deep leaf without its ancestors
+            elif fault == "padding":
+                sel[:, 1] = True
+                tree.valid[:, 1] = False  # the drafter's node 1 made padding: the selection takes it anyway
+            else:
+                sel[:] = tree.valid  # the whole pool: more than the budget
             return sel
 
     target = make_target("qwen3_moe")
     drafter, _, prompts, stop = _setup(target, {"share_target": True})
     engine = SpeculativeEngine(target, drafter, Broken())
-    with pytest.raises(SelectorError, match="Broken.*ancestor-closed"):
+    match = {"open": "ancestor-closed", "rootless": "lacks the root", "padding": "padding",
+             "over_budget": "more than budget=4"}[fault]
+    with pytest.raises(SelectorError, match=f"Broken.*{match}"):
         engine.generate([prompts[0]], budget=4, steps=3, top_k=2, temperature=0, stop=stop)

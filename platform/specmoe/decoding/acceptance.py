@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Acceptance", "target_probs", "greedy_accept", "greedy_paths", "sample_accept", "accept"]
+__all__ = ["Acceptance", "target_probs", "greedy_accept", "greedy_walk", "greedy_paths", "sample_accept", "accept"]
 
 
 @dataclass
@@ -49,9 +49,13 @@ def _children(parents: list[int], valid: list[bool]) -> list[list[int]]:
 def greedy_accept(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor,
                   logits: torch.Tensor) -> Acceptance:
     """One row: ``tokens [M]``, ``parents [M]``, ``valid [M]``, ``logits [M, V]`` of the verified nodes."""
-    argmax = logits.argmax(dim=-1).tolist()
-    toks = tokens.tolist()
-    kids = _children(parents.tolist(), valid.tolist())
+    return greedy_walk(logits.argmax(dim=-1).tolist(), tokens.tolist(), parents.tolist(), valid.tolist())
+
+
+def greedy_walk(argmax: list[int], toks: list[int], parents: list[int], valid: list[bool]) -> Acceptance:
+    """:func:`greedy_accept` on host lists: the target's ``argmax [M]`` at each verified node, and the nodes'
+    ``toks``, ``parents``, ``valid`` ``[M]``."""
+    kids = _children(parents, valid)
     path = [0]
     while True:
         want = argmax[path[-1]]

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specmoe.decoding.acceptance import accept, greedy_paths, target_probs
+from specmoe.decoding.acceptance import accept, greedy_paths, greedy_walk, target_probs
 from specmoe.decoding.analysis import experts_per_layer, prediction_overlap, routing_stats
 from specmoe.decoding.ar_floor import ARFloor
 from specmoe.decoding.clock import PhaseClock, device_sync
@@ -39,7 +39,7 @@ from specmoe.interfaces.predictor import Predictor
 from specmoe.interfaces.selection import AdaptiveSelector, SelectionContext, StepOutcome
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.target import Target
-from specmoe.interfaces.tree import DraftTree, is_ancestor_closed
+from specmoe.interfaces.tree import DraftTree
 
 __all__ = ["SpeculativeEngine", "SelectorError", "experts_per_layer", "pad_rows", "first_token",
            "routing_stats", "prediction_overlap", "StepTrace", "merge_committed"]
@@ -171,17 +171,17 @@ class SpeculativeEngine:
             raise SelectorError(f"selector {name} returned {tuple(sel.shape)} {sel.dtype}; expected "
                                 f"{tuple(tree.tokens.shape)} bool")
         counts = sel.sum(dim=1)
-        active = tree.valid[:, 0]
-        flags = torch.stack([counts.max(), (sel & ~tree.valid).any(),
-                             (~is_ancestor_closed(tree.parents, sel) & active).any(), (counts > budget).any(),
-                             counts.sum()])
-        width, padding, open_, over, total = flags.tolist()
-        if padding:
-            raise SelectorError(f"selector {name} selected padding (invalid) nodes")
-        if open_:
+        # one flag for every violation (a selected node that is padding or whose parent is not selected, a live
+        # row without its root); which one is worked out only when it is raised
+        par_ok = sel.gather(1, tree.parents.clamp(min=0)) | (tree.parents < 0)
+        bad = (sel & ~(tree.valid & par_ok)).any() | (tree.valid[:, 0] & ~sel[:, 0]).any()
+        width, bad, total = torch.stack([counts.max(), bad, counts.sum()]).tolist()
+        if bad:
+            if bool((sel & ~tree.valid).any()):
+                raise SelectorError(f"selector {name} selected padding (invalid) nodes")
             raise SelectorError(f"selector {name} returned a node set that is not ancestor-closed or lacks "
                                 f"the root (every selected node's parent must be selected)")
-        if over:
+        if width > budget:
             raise SelectorError(f"selector {name} selected more than budget={budget} nodes")
         return max(int(width), 1), int(total)
 
@@ -189,6 +189,18 @@ class SpeculativeEngine:
     def _accept(vt: DraftTree, logits: torch.Tensor, temperature: float, gen: torch.Generator,
                 rows: Sequence[int]) -> dict[int, tuple[list[int], list[int]]]:
         """``{row: (accepted node indices, committed tokens)}`` for the active ``rows``."""
+        if temperature <= 0 and logits.device.type == "cpu":
+            # on the host the sequential walk costs a few list operations; the tensor form below (a fixed
+            # number of operations, no host sync) is for accelerators, where each host read is a sync
+            best = logits.argmax(dim=-1)
+            w = best.shape[1]
+            host = torch.cat([best, vt.tokens, vt.parents, vt.valid.long()], dim=1).tolist()  # one host read
+            out = {}
+            for b in rows:
+                h = host[b]
+                a = greedy_walk(h[:w], h[w:2 * w], h[2 * w:3 * w], h[3 * w:])
+                out[b] = (a.path, [h[w + i] for i in a.path[1:]] + [a.bonus])
+            return out
         if temperature <= 0:
             path, bonus = greedy_paths(vt.tokens, vt.parents, vt.valid, vt.ancestors(), logits)
             host = torch.cat([path.long(), vt.tokens, bonus[:, None]], dim=1).tolist()  # one host read
