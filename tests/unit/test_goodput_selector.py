@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``goodput``: the packed greedy equals a literal re-evaluation of the expected rate on random trees (batch 1
-and 8, initial buffer or not, both stop rules, the token-only ablation); its plan is priced consistently;
+"""``goodput``: the packed greedy (and at batch 1 the scalar one) equals a literal re-evaluation of the expected
+rate on random trees (batch 1 and 8, initial buffer or not, both stop rules, the token-only ablation); its plan is priced consistently;
 costs and acceptance move the choice the way the objective says; observed outcomes refit both models."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 import torch
 from fixtures import reference_selection as ref
 from fixtures.random_trees import random_sets, random_tree
+from fixtures.selector_loops import force_loop
 
 from specmoe.decoding.cost_model import CostModel
 from specmoe.errors import UserError
@@ -24,9 +25,14 @@ def make(**kw):
     return selectors.get("goodput")(coefficients=kw.pop("coefficients", COEF), **kw)
 
 
+GOODPUT = "specmoe_plugins.selectors.goodput"
+
+
+@pytest.mark.parametrize("loop", ["packed", "scalar"])
 @pytest.mark.parametrize("stop", ["drop", "best_prefix"])
 @pytest.mark.parametrize("bsz,n,layers,n_exp,k", [(1, 11, 4, 16, 2), (8, 11, 3, 12, 2), (8, 30, 2, 8, 2)])
-def test_packed_goodput_equals_literal_rate_search(stop, bsz, n, layers, n_exp, k):
+def test_packed_goodput_equals_literal_rate_search(stop, bsz, n, layers, n_exp, k, loop, monkeypatch):
+    scalar_calls = force_loop(monkeypatch, GOODPUT, loop)
     g = torch.Generator().manual_seed(bsz * n + layers)
     multi = 0
     for trial in range(6):
@@ -47,14 +53,16 @@ def test_packed_goodput_equals_literal_rate_search(stop, bsz, n, layers, n_exp, 
             assert (plan.selected.sum(1) <= budget).all() and not (plan.selected & ~tree.valid).any()
             multi += int((plan.selected.sum(1) > 1).any())
     assert multi > 0, "some plans must verify more than the roots"
+    assert (len(scalar_calls) > 0) == (loop == "scalar" and bsz == 1)  # the scalar loop serves batch 1 only
 
 
-def test_token_only_ablation_equals_literal_search_and_needs_no_experts():
+@pytest.mark.parametrize("bsz", [1, 8])
+def test_token_only_ablation_equals_literal_search_and_needs_no_experts(bsz):
     g = torch.Generator().manual_seed(3)
     meta = {"layers": 4, "experts": 16, "top_k": 2}
     union = lambda t: 4 * 16 * (1 - (1 - 2 / 16) ** t)  # noqa: E731
     for trial in range(6):
-        tree = random_tree(8, 11, g, padding=trial % 2 == 1)
+        tree = random_tree(bsz, 11, g, padding=trial % 2 == 1)
         sel = make(expert_cost=False)
         sel.cost.meta.update(meta)
         assert not sel.needs_experts

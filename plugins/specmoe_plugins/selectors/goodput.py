@@ -17,6 +17,11 @@ rate (``stop: drop``) or, with ``stop: best_prefix``, runs to gamma_max and keep
 ``expert_cost: false`` is the token-only ablation (EVICT / vLLM): no predictor, each extra token costs what a
 token costs with the expected union growth of a pass of that many tokens (observed, else random routing).
 
+The greedy runs over packed words (:func:`~specmoe.decoding.selection.greedy_packed`, one joint decision for
+the batch); at batch 1 a small pool takes the same greedy in plain Python
+(:func:`~specmoe.decoding.selection.greedy_scalar`, cheaper where the caches are cold, as inside a step), with
+the same float64 arithmetic, so the same selection.
+
 The engine feeds measured T_draft / T_pred through :class:`SelectionContext` and outcomes through
 :meth:`observe` (online refits), and takes plain AR steps while the plan's expected rate is below the measured
 AR rate (``ar_floor``, :mod:`specmoe.decoding.ar_floor`). Until the first refits the models are the prior:
@@ -37,7 +42,7 @@ import torch
 from specmoe.decoding.acceptance_model import AcceptanceModel
 from specmoe.decoding.bitsets import pack_sets, popcount_rows
 from specmoe.decoding.cost_model import CostModel, VerifyShape
-from specmoe.decoding.selection import PackedPool, greedy_packed
+from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar
 from specmoe.errors import UserError
 from specmoe.interfaces.selection import AdaptiveSelector, FloorOptions, SelectionContext, SelectionPlan, StepOutcome
 from specmoe.interfaces.tree import DraftTree
@@ -171,21 +176,29 @@ class GoodputSelector(AdaptiveSelector):
         if cfg.expert_cost and experts is None:
             raise ValueError("goodput needs predicted expert sets (or expert_cost: false)")
         gmax = min(budget, cfg.gamma_max) if cfg.gamma_max else budget
-        pool = PackedPool.build(tree, experts if cfg.expert_cost else None)
-        b, n = pool.shape
-        live = pool.valid[:, 0]
+        b, n = tree.tokens.shape
+        parents, valid = tree.parents.detach().cpu().numpy(), tree.valid.detach().cpu().numpy()
+        sets = experts if cfg.expert_cost else None
+        # batch 1: the joint greedy is the per-row one, and a small pool is cheaper in plain Python
+        scalar = ScalarPool.build(tree, sets) if b == 1 and n <= SCALAR_POOL else None
+        pool = PackedPool.build(tree, sets) if scalar is None else None
+        live = valid[:, 0]
         n_live = int(live.sum())
         if n_live == 0:
             self.last_plan = SelectionPlan(torch.zeros(b, n, dtype=torch.bool, device=tree.tokens.device),
                                            torch.zeros(b, dtype=torch.float64), 0.0, 0.0, 0.0, 0.0)
             return self.last_plan
-        acc = self.acceptance.predict_paths(tree.path_logp.detach().cpu().numpy(), pool.parents,
+        acc = self.acceptance.predict_paths(tree.path_logp.detach().cpu().numpy(), parents,
                                             tree.depth.detach().cpu().numpy(), ctx.temperature).reshape(-1)
         b0 = None
         if cfg.expert_cost:
             b0 = pack_sets(buffer.reshape(experts.shape[-2:])) if buffer is not None else None
-            roots = np.bitwise_or.reduce(pool.paths[live, 0], axis=0)
-            e0 = float(popcount_rows(roots & ~b0) if b0 is not None else popcount_rows(roots))
+            if scalar is not None:
+                b0_bits = 0 if b0 is None else int.from_bytes(b0.tobytes(), "little")
+                e0 = float((scalar.paths[0][0] & ~b0_bits).bit_count())
+            else:
+                roots = np.bitwise_or.reduce(pool.paths[live, 0], axis=0)
+                e0 = float(popcount_rows(roots & ~b0) if b0 is not None else popcount_rows(roots))
         else:
             e0 = self.expected_expert_layers(n_live)
         kv = ctx.kv_slots
@@ -224,7 +237,20 @@ class GoodputSelector(AdaptiveSelector):
             picks.append((f, rate, st["t"] - t_fixed))
             return True
 
-        sel = greedy_packed(pool, gmax, score, buffer=b0, shared=True, joint=True, take=take)
+        if scalar is not None:
+            acc_row = acc.tolist()
+
+            def score_one(r: int, i: int, new: int) -> float:  # score() for one node, same float64 operations
+                t = st["t"] + c_tok
+                if c_col:
+                    t = t + c_col * (count[r] >= st["width"])
+                t = t + c_exp * new if cfg.expert_cost else t + token_only()
+                return (st["a"] + acc_row[r * n + i]) / t
+
+            sel = greedy_scalar(scalar, gmax, score_one, buffer=0 if b0 is None else b0_bits, take=take,
+                                shape=(b, n))
+        else:
+            sel = greedy_packed(pool, gmax, score, buffer=b0, shared=True, joint=True, take=take)
         rate, t_verify = st["a"] / st["t"], st["t"] - t_fixed
         if cfg.stop == "best_prefix" and picks:
             rates = [n_live / (t_fixed + t_ar)] + [p[1] for p in picks]
@@ -233,7 +259,7 @@ class GoodputSelector(AdaptiveSelector):
                 sel.reshape(-1)[f] = False
             rate, t_verify = rates[keep], picks[keep - 1][2] if keep else t_ar
         if cfg.explore and gmax >= 2:
-            kids = (pool.parents == 0) & pool.valid  # [B, N] depth-1 nodes
+            kids = (parents == 0) & valid  # [B, N] depth-1 nodes
             lone = live & (sel.sum(axis=1) == 1) & kids.any(axis=1)
             if lone.any():
                 best = np.where(kids, acc.reshape(b, n), -1.0).argmax(axis=1)
