@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """``goodput``: the packed greedy (and at batch 1 the scalar one) equals a literal re-evaluation of the expected
-rate on random trees (batch 1 and 8, initial buffer or not, both stop rules, the token-only ablation); its plan is priced consistently;
-costs and acceptance move the choice the way the objective says; observed outcomes refit both models."""
+rate on random trees (batch 1 and 8, initial buffer or not, both stop rules, the token-only ablation); its plan
+is priced consistently; costs and acceptance move the choice the way the objective says; observed outcomes refit
+both models."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from fixtures import reference_selection as ref
 from fixtures.random_trees import random_sets, random_tree
 from fixtures.selector_loops import force_loop
 
-from specmoe.decoding.cost_model import CostModel
+from specmoe.decoding.cost_model import CostModel, VerifyShape
 from specmoe.errors import UserError
 from specmoe.interfaces.selection import SelectionContext, StepOutcome
 from specmoe.interfaces.tree import is_ancestor_closed
@@ -197,3 +198,44 @@ def test_a_catch_up_step_is_priced_as_a_speculative_stretch():
     assert priced.catch_up == pytest.approx(10e-3 - 2.1e-3, rel=1e-3)  # what the price left out, for the floor
     assert sel.plan(tree, 4, ex, None, SelectionContext(kv_slots=100, t_draft=1e-3, t_pred=0.0,
                                                         absorbed=80)).catch_up == 0.0  # cheaper than the fit
+
+
+def test_a_calibration_keeps_the_price_of_passes_the_window_has_not_seen(tmp_path):
+    """Passes cost a concave function of their tokens. A calibration fitted over 1-64 tokens prices a 64-token
+    pass well; a window that has seen only 1-8-token passes, fitted on its own, extrapolates that price badly.
+    The run is 15 % slower than the calibration measured. Starting from the calibration, goodput's online fit
+    takes the level from the window and keeps the calibration's shape where the window has not been (the
+    calibration counts as much as a full window); with the weak pull (as without a calibration) the window alone
+    decides."""
+    slow = 1.15
+    def union(tok):
+        return 4 * 32 * (1 - (1 - 4 / 32) ** tok)
+
+    def seconds(tok):
+        return 2e-3 + 1e-3 * tok ** 0.5 + 5e-5 * union(tok)
+
+    def shape(tok):
+        return VerifyShape(tokens=tok, expert_layers=union(tok), rows=1, kv_slots=500)
+
+    calib = CostModel()
+    sweep = [t for t in range(1, 65) for _ in range(3)]
+    calib.fit([shape(t) for t in sweep], [seconds(t) for t in sweep])
+    path = calib.save(tmp_path / "cost_model.json")
+    strong = selectors.get("goodput")(cost_model=str(path), cost_prior_weight=256)
+    weak = selectors.get("goodput")(cost_model=str(path))
+    assert strong.cost.prior_weight == 256 and weak.cost.prior_weight == 1e-3
+    rng = np.random.default_rng(0)
+    for _ in range(256):
+        tok = int(rng.integers(1, 9))
+        t = slow * seconds(tok) * (1 + 0.02 * rng.standard_normal())
+        for sel in (strong, weak):
+            sel.observe(StepOutcome(rows=1, tokens=tok, width=tok, kv_slots=500, t_verify=t,
+                                    experts_per_layer=[union(tok) / 4] * 4, speculative=False))
+    assert strong.cost.coefficients() != calib.coefficients()  # refitted online
+    def err(cm, tok):
+        return abs(cm.predict_verify(shape(tok)) / (slow * seconds(tok)) - 1)
+
+    assert err(calib, 64) > 0.1 and max(err(calib, t) for t in range(1, 9)) > 0.1  # the level is off
+    assert err(strong.cost, 64) < 0.08 and max(err(strong.cost, t) for t in range(1, 9)) < 0.08
+    assert err(weak.cost, 64) > 0.2  # the window alone: right where it has been, wrong at 64 tokens
+    assert max(err(weak.cost, t) for t in range(1, 9)) < 0.02

@@ -132,7 +132,9 @@ class CostModel:
         refit_every: refit after this many new observations (once ``min_fit`` are in the window).
         min_fit: observations needed before the first online fit.
         prior_weight: pull of each coefficient towards ``coef`` in online fits, in observations' worth of a
-            100 % relative error; small, so it only decides what the window cannot (collinear terms).
+            100 % relative error. Small (the default): it only decides what the window cannot (collinear terms);
+            as large as the window: a calibration of the whole shape range keeps the directions the window
+            has not explored, and also its level where the window disagrees.
         overheads: initial ``{"t_draft": {rows: s}, "t_pred": ..., "t_select": ...}`` medians.
         meta: free-form provenance (target, device, dtype, layers, experts, top_k, clock, fit errors).
     """
