@@ -243,9 +243,12 @@ class ScalarPool:
     paths: list[list[int]] | None
 
     @classmethod
-    def build(cls, tree: DraftTree, experts: torch.Tensor | None = None) -> "ScalarPool":
-        """From a tree and optional ``[B, N, L, E]`` bool predicted sets (one copy of each to the host)."""
-        parents, valid = tree.parents.tolist(), tree.valid.tolist()
+    def build(cls, tree: DraftTree, experts: torch.Tensor | None = None, *, parents: np.ndarray | None = None,
+              valid: np.ndarray | None = None) -> "ScalarPool":
+        """From a tree and optional ``[B, N, L, E]`` bool predicted sets (one copy of each to the host; pass
+        ``parents`` / ``valid`` when the caller already holds them on the host)."""
+        parents = (tree.parents if parents is None else parents).tolist()
+        valid = (tree.valid if valid is None else valid).tolist()
         b, n = len(parents), len(parents[0])
         sets = None
         if experts is not None:

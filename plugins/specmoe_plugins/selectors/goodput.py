@@ -187,7 +187,8 @@ class GoodputSelector(AdaptiveSelector):
         parents, valid = tree.parents.detach().cpu().numpy(), tree.valid.detach().cpu().numpy()
         sets = experts if cfg.expert_cost else None
         # batch 1: the joint greedy is the per-row one, and a small pool is cheaper in plain Python
-        scalar = ScalarPool.build(tree, sets) if b == 1 and n <= SCALAR_POOL else None
+        scalar = (ScalarPool.build(tree, sets, parents=parents, valid=valid) if b == 1 and n <= SCALAR_POOL
+                  else None)
         pool = PackedPool.build(tree, sets) if scalar is None else None
         live = valid[:, 0]
         n_live = int(live.sum())
