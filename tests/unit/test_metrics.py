@@ -211,6 +211,57 @@ def test_group_interleaves_rotates_and_resumes(target, tmp_path):
     assert all(c.cached for c in again) and json.dumps(again[1].metrics) == json.dumps(cells[1].metrics)
 
 
+def test_group_repeats_rotate_and_keep_the_fastest_round(target, tmp_path):
+    """``eval.repeats``: every batch runs R rounds per member, rotated on; a member's batch is its fastest round,
+    whole, with every round's seconds kept; the cell reports their spread."""
+    ar, sd = _methods(target)
+    calls: list[str] = []
+    walls: dict[str, list[float]] = {"ar": [], "sd": []}
+
+    def recorded(method, label):
+        real = method.generate
+
+        def generate(prompts, **kw):
+            calls.append(label)
+            out = real(prompts, **kw)
+            walls[label].append(out.wall_time)
+            return out
+
+        method.generate = generate
+        return lambda: method
+
+    samples = [Sample(id=f"s{i}", turns=[f"question {i}" * (i + 1)]) for i in range(2)]
+    members = [Member("ar", 1, recorded(ar, "ar"), autoregressive=True), Member("sd", 3, recorded(sd, "sd"))]
+    group = _group(tmp_path, target, members, samples)
+    group.repeats = 3
+    assert group.generations() == 2 * 2 * 3
+    cells = group.run()
+    # batch 0: rounds start with members 0, 1, 0; batch 1 (rounds 3, 4, 5): 1, 0, 1
+    assert calls == ["ar", "sd", "sd", "ar", "ar", "sd", "sd", "ar", "ar", "sd", "sd", "ar"]
+    for cell, label in zip(cells, ("ar", "sd")):
+        rounds = [walls[label][:3], walls[label][3:]]
+        assert [b["seconds"] for b in cell.per_sample] == [min(r) for r in rounds]  # one sample per batch
+        spread = sorted(max(r) / min(r) - 1.0 for r in rounds)
+        assert cell.metrics["round_spread"] == pytest.approx(sum(spread) / 2)
+    assert cells[1].metrics["matches_ar"] == 1.0 and cells[1].metrics["alpha"] > 1.0
+    single = _group(tmp_path / "one", target, [Member("ar", 1, lambda: ar, autoregressive=True)], samples).run()
+    assert "round_spread" not in single[0].metrics
+
+
+def test_eval_repeats_and_warmup_are_checked(tmp_path):
+    from specmoe.config.errors import ConfigError
+    from specmoe.config.load import load_recipe
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: k\ntarget: {name: hf, tiny: {arch: qwen3_moe}}\ndatasets: [{name: gsm8k, limit: 2}]\n"
+                      "methods: [{name: ar}]\neval: {repeats: 0, warmup: -1}\n")
+    with pytest.raises(ConfigError) as err:
+        load_recipe(recipe)
+    text = str(err.value)
+    assert "eval.repeats" in text and "must be >= 1" in text and "eval.warmup" in text and str(recipe) in text
+    assert load_recipe(recipe, ["eval.repeats=2", "eval.warmup=0"]).eval.repeats == 2
+
+
 def test_group_key_changes_with_the_code_version(tmp_path):
     from specmoe.config.load import load_recipe
     from specmoe.evaluation.runner import Evaluator
@@ -230,6 +281,9 @@ def test_group_key_changes_with_the_code_version(tmp_path):
     assert key(base) != key({**base, "dirty": True, "diff": "123"})
     assert key(base) != key({**base, "specmoe": "0.2.0"})
     assert key({**base, "dirty": True, "diff": "123"}) != key({**base, "dirty": True, "diff": "456"})
+    one_round = key(base)
+    cfg.eval.repeats = 3
+    assert key(base) != one_round  # timings of a different number of rounds are not mixed
 
 
 def test_method_budgets_override_the_grid(tmp_path):

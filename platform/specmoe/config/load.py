@@ -275,6 +275,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (), *, check_plugin
     validator = Validator(problems, origins.of, check_plugins=check_plugins)
     cfg = validator.convert(resolved, RunConfig, "")
     validator.check_stage_refs(cfg)
+    validator.check_values(cfg)
     if problems:
         raise ConfigError(problems)
     cfg.source = str(path)

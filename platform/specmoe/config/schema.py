@@ -114,6 +114,9 @@ class EvalConfig:
     warmup: int = 1
     """untimed warm-up generations of a batch of the cell's size before each timed method (see
     :func:`specmoe.evaluation.cell.warm_up`)."""
+    repeats: int = 1
+    """timed generations of every prompt batch per member (>= 1); a member's batch counts its fastest (see
+    :mod:`specmoe.evaluation.group`)."""
     seed: int = 0
 
 

@@ -276,3 +276,14 @@ class Validator:
         plain = to_plain(cfg)
         for key in ("stages", "target", "methods", "datasets"):
             walk(plain.get(key), key)
+
+    def check_values(self, cfg: RunConfig | None) -> None:
+        """Ranges the types do not say."""
+        ev = getattr(cfg, "eval", None)
+        if ev is None:
+            return
+        for key, low, what in (("repeats", 1, "timed generations per prompt batch"),
+                               ("warmup", 0, "untimed warm-up generations")):
+            value = getattr(ev, key, None)
+            if isinstance(value, int) and value < low:
+                self.error(f"eval.{key}", f"must be >= {low} ({what}), got {value}")

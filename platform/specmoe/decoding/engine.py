@@ -267,6 +267,7 @@ class SpeculativeEngine:
         n_ar = 0  # AR steps taken (one in floor.observe_every is reported to the selector)
         if floor is not None:
             floor.begin(bsz, temperature)
+        ar_attend = torch.ones(bsz, 1, 1, dtype=torch.bool, device=dev)  # an AR step's [B, 1, 1] tree
         while any(active):
             rows = [b for b in range(bsz) if active[b]]
             t0 = clock.mark()
@@ -274,19 +275,22 @@ class SpeculativeEngine:
                 # ---- AR step: the roots alone, one target pass; their features feed the drafter later
                 base, kv_slots = kv.next_position(), kv.num_slots
                 sel_ar = active_t[:, None]  # [B, 1] the rows verified in this pass
-                vout = target.forward(torch.tensor(last_tok, device=dev)[:, None], kv, base[:, None],
-                                      torch.ones(bsz, 1, 1, dtype=torch.bool, device=dev), sel_ar,
-                                      hidden_layers=feat_layers, capture_routing=True)
+                vout = target.forward(torch.tensor(last_tok, device=dev)[:, None], kv, base[:, None], ar_attend,
+                                      sel_ar, hidden_layers=feat_layers, capture_routing=True)
                 t4 = clock.mark()
                 paths = [[0] if active[b] else [] for b in range(bsz)]
                 new_rows: list[list[int]] = [[] for _ in range(bsz)]
                 for b, tok in zip(rows, next_tokens(vout.logits[:, 0], temperature, gen, rows)):
                     new_rows[b] = [tok]
-                kv.keep_last(1, paths)
+                if len(rows) < bsz:  # finished rows drop the slot of this pass (with every row active: none)
+                    kv.keep_last(1, paths)
                 accepted = self._extend(outputs, active, new_rows, rows, stop, last_tok)
-                # the new tokens (one per verified row), their feature: the hidden state at the root
+                # the new tokens (one per verified row), their feature: the hidden state at the root (zero for
+                # finished rows)
                 h = vout.hidden
-                feats_ar = None if h is None else h[:, :1] * sel_ar[:, :, None].to(h.dtype)
+                feats_ar = None if h is None else h[:, :1]
+                if feats_ar is not None and len(rows) < bsz:
+                    feats_ar = feats_ar * sel_ar[:, :, None].to(h.dtype)
                 pending.append(Committed(torch.tensor([r[:1] or [0] for r in new_rows], device=dev), sel_ar,
                                          base[:, None] + 1, feats_ar))
                 if not all(active[b] for b in rows):

@@ -11,6 +11,7 @@ evaluation stores these records as it goes, so a killed run resumes after its la
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Callable, Sequence
 
 from specmoe.decoding.stopping import StopRule
@@ -104,8 +105,11 @@ def build_cell(batches: Sequence[dict[str, Any]], *, method: str, dataset: str, 
                                "seconds": b["seconds"], "batch_tokens_per_s": tps})
             outputs.append({"id": smp["id"], "turns": smp["turns"], "tokens": smp["tokens"]})
         counts = add_counts(counts, b.get("expert_counts"))
-    cell = CellResult(method, dataset, temperature, budget, batch_size,
-                      metrics=summarize(data, autoregressive=autoregressive), autoregressive=autoregressive,
+    metrics = summarize(data, autoregressive=autoregressive)
+    rounds = [b["round_seconds"] for b in batches if len(b.get("round_seconds", ())) > 1]
+    if rounds:  # eval.repeats > 1: how far a batch's slowest round was from its fastest (median over batches)
+        metrics["round_spread"] = statistics.median(max(r) / min(r) - 1.0 for r in rounds)
+    cell = CellResult(method, dataset, temperature, budget, batch_size, metrics=metrics, autoregressive=autoregressive,
                       analysis_only=analysis_only, per_sample=per_sample, outputs=outputs, steps=data.steps,
                       expert_counts=None if autoregressive else counts, adaptive=adaptive,
                       calibration=next((b["calibration"] for b in reversed(batches) if b.get("calibration")),

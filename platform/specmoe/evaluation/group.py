@@ -6,6 +6,14 @@ the order rotated every batch (batch ``i`` starts with member ``i mod n``), so b
 drift hit all of them alike, and every speedup is computed against the AR measurement of the same group:
 the same prompts, the same process, minutes apart at most.
 
+Repeats (``eval.repeats`` = R > 1): every prompt batch is generated R times per member, each round rotated
+on (round ``r`` of batch ``i`` starts with member ``(i R + r) mod n``), and a member's batch counts its fastest
+round, whole (its seconds, steps, outputs). Timing noise on a shared machine only adds time (another tenant,
+a migrated thread), so the minimum is the estimate of the undisturbed time (the rule of Python's ``timeit``);
+the sampling seed is the same in every round, so the rounds of a member do the same work (an adaptive
+method's online state carries over between rounds, as it does between the batches of a serving process). Every
+round's seconds are kept in the record (``round_seconds``), and the cell reports their spread.
+
 Resumption: each finished batch (all members) is stored in ``<dir>/batch-<i>.json``; a killed run redoes at
 most the batch in flight. ``<dir>/cells.json`` holds the finished group's cells.
 """
@@ -60,6 +68,7 @@ class EvalGroup:
         render / decode: prompt rendering and detokenization.
         decoding: ``steps``, ``top_k`` and the :class:`~specmoe.decoding.stopping.StopRule` ``stop``.
         warmup, seed: untimed generations per member before its first timed batch; sampling seed.
+        repeats: timed rounds of every prompt batch per member (the fastest counts).
         target_facts: ``bytes_per_expert`` (stored precision), ``bytes_per_expert_loaded`` and
             ``num_moe_layers`` of the target.
         progress: a tqdm-like bar (``update(n)``).
@@ -67,7 +76,8 @@ class EvalGroup:
 
     def __init__(self, directory: Path, members: Sequence[Member], samples: Sequence[Sample], *, dataset: str,
                  temperature: float, batch_size: int, render: Callable, decode: Callable, decoding: dict[str, Any],
-                 warmup: int, seed: int, target_facts: dict[str, int], progress: Any = None) -> None:
+                 warmup: int, seed: int, target_facts: dict[str, int], progress: Any = None,
+                 repeats: int = 1) -> None:
         self.dir = Path(directory)
         self.members = list(members)
         self.samples = list(samples)
@@ -76,6 +86,7 @@ class EvalGroup:
         self.decoding, self.warmup, self.seed = decoding, warmup, seed
         self.facts = target_facts
         self.progress = progress
+        self.repeats = max(int(repeats), 1)
 
     @property
     def key(self) -> str:
@@ -100,7 +111,7 @@ class EvalGroup:
     def run(self) -> list[CellResult]:
         """The group's cells: read back when finished, else computed (resuming after the last stored batch)."""
         if self.is_done():
-            self._tick(len(self.samples) * len(self.members))
+            self._tick(self.generations())
             return self.load()
         self.dir.mkdir(parents=True, exist_ok=True)
         batches = self.batches()
@@ -109,16 +120,25 @@ class EvalGroup:
         if done:
             logger.info("evaluation group %s: %d of %d prompt batches already measured; continuing", self.key,
                         len(done), len(batches))
-            self._tick(sum(len(batches[i]) for i in done) * len(self.members))
+            self._tick(sum(len(batches[i]) for i in done) * len(self.members) * self.repeats)
         warmed: set[str] = set()
+        n = len(self.members)
         for i, batch in enumerate(batches):
             if i in done:
                 continue
-            k = i % len(self.members)
-            records = {}
-            for m in self.members[k:] + self.members[:k]:  # rotated: nobody always runs first
-                records[m.id] = self._run(m, batch, i, warmed)
-                self._tick(len(batch))
+            records: dict[str, dict[str, Any]] = {}
+            rounds: dict[str, list[float]] = {m.id: [] for m in self.members}
+            for r in range(self.repeats):
+                k = (i * self.repeats + r) % n
+                for m in self.members[k:] + self.members[:k]:  # rotated: nobody always runs first
+                    rec = self._run(m, batch, i, warmed)
+                    rounds[m.id].append(rec["seconds"])
+                    if m.id not in records or rec["seconds"] < records[m.id]["seconds"]:
+                        records[m.id] = rec
+                    self._tick(len(batch))
+            if self.repeats > 1:
+                for m_id, rec in records.items():
+                    rec["round_seconds"] = rounds[m_id]
             atomic_write_json(self._batch_file(i), records)
             done[i] = records
         cells = self._cells([done[i] for i in range(len(batches))])
@@ -126,6 +146,10 @@ class EvalGroup:
         for i in range(len(batches)):
             self._batch_file(i).unlink(missing_ok=True)
         return cells
+
+    def generations(self) -> int:
+        """Timed generations (prompt batches' samples x members x repeats) of the whole group."""
+        return len(self.samples) * len(self.members) * self.repeats
 
     def _run(self, m: Member, batch: list[Sample], index: int, warmed: set[str]) -> dict[str, Any]:
         d = self.decoding

@@ -5,7 +5,7 @@ The grid is measured in groups (:mod:`specmoe.evaluation.group`): one group per 
 size) holds AR and every (method, γ), interleaved per prompt batch, so each speedup is against AR on the same
 prompts in the same run. A group is cached in ``<cache_dir>/eval/<key>/`` under a hash of everything that
 determines its numbers: the target, the dataset, the decoding settings, every member's components (stage
-references replaced by stage keys), the seed, and the code that measures it (specmoe's version, git commit
+references replaced by stage keys), the seed, the repeats, and the code that measures it (specmoe's version, git commit
 and a dirty flag with a hash of the uncommitted diff, and each plugin's distribution and version), so timings
 of different code are never mixed. One process at a time measures a group (a lock beside its directory).
 """
@@ -97,7 +97,8 @@ class Evaluator:
             "decoding": {"steps": d.steps, "top_k": d.top_k, "max_new_tokens": d.max_new_tokens,
                          "stop_strings": d.stop_strings, "ignore_eos": d.ignore_eos},
             "temperature": temperature, "batch_size": bsz, "seed": self.cfg.eval.seed,
-            "warmup": self.cfg.eval.warmup, "members": members, "code": self.code, "v": 2})
+            "warmup": self.cfg.eval.warmup, "members": members, "code": self.code, "v": 2,
+            **({"repeats": self.cfg.eval.repeats} if self.cfg.eval.repeats != 1 else {})})
 
     # ------------------------------------------------------------------ members
     def method(self, m: MethodConfig) -> Method:
@@ -148,7 +149,7 @@ class Evaluator:
                                          self.samples[ds.name], dataset=ds.name, temperature=temperature,
                                          batch_size=bsz, render=self.render, decode=self.decode,
                                          decoding=decoding, warmup=cfg.eval.warmup, seed=cfg.eval.seed,
-                                         target_facts=facts, progress=progress))
+                                         target_facts=facts, progress=progress, repeats=cfg.eval.repeats))
         return out
 
     def run(self) -> list[CellResult]:
@@ -156,7 +157,7 @@ class Evaluator:
         from tqdm.auto import tqdm
 
         groups = self.groups()
-        total = sum(len(g.samples) * len(g.members) for g in groups)
+        total = sum(g.generations() for g in groups)
         cells: list[CellResult] = []
         with tqdm(total=total, desc="evaluation", unit="generation") as bar:
             for g in groups:
