@@ -201,7 +201,8 @@ def test_a_provisional_plan_decides_nothing():
 def test_a_catch_up_is_charged_only_where_speculation_does_not_pay():
     """The first step of a generation drafts the whole prompt, a catch-up paid once whenever speculation
     starts. Where speculation pays (recent decided steps, catch-ups left out, beat AR; assumed until 4 were
-    seen) a failed probe is charged its steady-state loss only; where it does not, the whole step."""
+    seen) a failed probe is charged its steady-state loss only, nothing once 4 steps showed it pays; where it
+    does not, the whole step."""
     def probe(floor, seconds, tokens, catch_up):
         assert not floor.decide(1.0, 0.2, 1, predicted_ar_rate=1.0, catch_up=catch_up)
         floor.observe_step(seconds, tokens, 1)
@@ -227,8 +228,35 @@ def test_a_catch_up_is_charged_only_where_speculation_does_not_pay():
     for _ in range(4):  # speculation pays: 0.3 s steps commit 5 tokens
         assert paying.decide(100.0, 0.2, 1, predicted_ar_rate=1.0)
         paying.observe_step(0.3, 5, 1)
-    assert paying.pays() and probe(paying, 0.5, 1, 0.2) == 40
+    assert paying.pays() and probe(paying, 0.5, 1, 0.2) == 4  # seen to pay: a bad step waits the back-off
+    cut = fresh()
+    assert not cut.decide(1.0, 0.2, 1, predicted_ar_rate=1.0)
+    cut.observe_step(0.5, 1, 1, truncated=True)  # the stop rule left one token to commit: not evidence
+    assert cut.state.wait == 4 and len(cut.state.realised) == 0
     provisional = fresh()
     provisional.decide(1.0, 0.2, 1, predicted_ar_rate=1.0, provisional=True)
     provisional.observe_step(0.3, 0, 1)  # a provisional step is not evidence
     assert len(provisional.state.realised) == 0
+
+
+def test_the_plan_rate_is_corrected_by_what_the_regime_realised():
+    """Plans that under-expect (an acceptance model still learning the regime) stop holding a paying regime on
+    AR once 4 decided steps were measured; plans that over-expect are held back alike (factor clamped)."""
+    under = ARFloor(margin=1.0, probe_after=1, probe_max=1, tolerance=0.0)
+    under.begin(2, 0.0)
+    under.observe_ar(2, 0.005)  # AR: 400 tokens/s
+    for _ in range(4):  # plans: 5 tokens in 14 ms (357 tokens/s) -> fall back, while plans are all there is
+        assert not under.decide(5.0, 0.014, 2, predicted_ar_rate=1.0)
+        under.observe_step(0.014, 8, 2)  # yet each such step committed 8 tokens
+    assert under.realisation() == pytest.approx(1.6)
+    assert under.decide(5.0, 0.014, 2, predicted_ar_rate=1.0)  # 357 x 1.6 = 571 tokens/s
+    over = ARFloor(margin=1.0, probe_after=1, probe_max=1, tolerance=0.0)
+    over.begin(2, 0.0)
+    over.observe_ar(2, 0.005)
+    for _ in range(4):  # plans: 7 tokens in 10 ms (700 tokens/s); measured: 1 token in 20 ms
+        assert over.decide(7.0, 0.010, 2, predicted_ar_rate=1.0)
+        over.observe_step(0.020, 1, 2)
+    assert over.realisation() == 0.5  # clamped (measured 0.07)
+    assert not over.decide(7.0, 0.010, 2, predicted_ar_rate=1.0)  # 700 x 0.5 = 350 < 400
+    over.begin(4, 0.0)
+    assert over.realisation() == 1.0  # per regime

@@ -16,7 +16,10 @@ or the tokens of the AR steps before it, beyond what a step of a speculative str
 speculation starts again. Where speculation pays in the regime (its recent decided speculative steps, catch-ups
 left out, committed at least as many tokens as AR steps would have in their time; assumed until 4 such steps were
 seen), the catch-up is an investment, not a loss, and a failed probe is charged its steady-state loss only (often
-none: the plan was pessimistic). Where it does not pay, the whole step is charged, catch-up included: entering
+none: the plan was pessimistic); once 4 such steps *showed* that it pays, a fall-back is a bad step in a good
+stretch (a hard token whose draft looked poor) and waits the back-off alone: charging it ``loss / tolerance``
+kept the demo's batch-2 regime, where speculation beat AR by ~10 %, on AR for ~100 steps after each such step.
+Where it does not pay, the whole step is charged, catch-up included: entering
 speculation costs the catch-up every time (on the demo at batch 1, drafting the ~600-token prompt costs ~3 AR
 steps, ~3 % of a 96-token generation). Charging the catch-up always made the first step of a generation at batch 4
 (~10 AR steps' worth) wait ~1,000 steps, the rest of the evaluation cell, where EAGLE-3 beats AR by 5-14 %; never
@@ -29,6 +32,15 @@ AR steps and yields ~1 token) waits ~900 steps, while a probe that only just mis
 waits ``probe_after`` steps and the back-off handles noise. Cascade and TCP make the same trade between overhead
 and reaction time. The state persists across generations of one engine, per (batch size, temperature), so a new
 prompt does not pay a fresh series of probes.
+
+Realisation factor: the plan's rate is the selector's forecast, and a forecast can be biased in one regime
+(an acceptance model still learning a batch size, a cost model extrapolating to a token count it has not seen
+verified). Once ``evidence`` decided steps of the regime were measured, the decision multiplies the plan's rate
+by what the recent ones realised against what their plans expected: ``(Σ tokens / Σ steady seconds) / (Σ
+expected tokens / Σ planned seconds)`` over the last ``window`` of them (clamped to [0.5, 2]). On the demo at
+batch 2, T = 0 the first plans of the regime expected 5.0-5.5 tokens per step where 7-8 were committed, so a
+regime where EAGLE-3 at γ = 8 beats AR by ~10 % fell back, and each failed probe's wait (``loss / tolerance``)
+kept it on AR for ~300 steps.
 
 The decision is for the whole batch: drafting, prediction and selection are one pass for all rows, so only
 the batch can skip them. Within a speculative step the goodput selector already decides per row (a row whose
@@ -67,6 +79,10 @@ class FloorState:
     """the AR rate that decision compared with."""
     catch_up: float = 0.0
     """that decision's catch-up seconds."""
+    plan: tuple[float, float] = (0.0, 0.0)
+    """that decision's expected tokens and planned seconds (upkeep included)."""
+    forecasts: deque = field(default_factory=lambda: deque(maxlen=32))
+    """recent decided speculative steps: (tokens committed, steady seconds, expected tokens, planned seconds)."""
 
 
 class ARFloor:
@@ -137,7 +153,8 @@ class ARFloor:
             self.counts["provisional"] += 1
             return True
         upkeep = statistics.median(st.upkeep) if st.upkeep else 0.0
-        rate = expected_tokens / max(step_seconds + upkeep, 1e-12)
+        st.plan = (float(expected_tokens), step_seconds + upkeep)
+        rate = expected_tokens / max(step_seconds + upkeep, 1e-12) * self.realisation()
         ar = self._ar(rows, predicted_ar_rate)
         keep = rate >= self.margin * ar
         self.counts["speculate" if keep else "fall_back"] += 1
@@ -151,23 +168,41 @@ class ARFloor:
         st.predicted_ar = ar
         return keep
 
-    def observe_step(self, seconds: float, tokens: int, rows: int) -> None:
+    def observe_step(self, seconds: float, tokens: int, rows: int, truncated: bool = False) -> None:
         """A speculative step is over (``seconds`` measured, ``tokens`` committed over ``rows`` active rows):
-        recorded for :meth:`pays` when its plan decided; if its plan fell back, wait at least ``loss /
-        tolerance`` AR steps, the catch-up charged only where speculation does not pay (module docstring)."""
+        recorded for :meth:`pays` and :meth:`realisation` when its plan decided; if its plan fell back, wait at
+        least ``loss / tolerance`` AR steps, the catch-up charged only where speculation does not pay, nothing
+        where it was seen to pay (module docstring). A ``truncated`` step (a row's stop rule cut its tokens: the
+        last step of a generation often has one token left to commit) says nothing about speculation: neither
+        recorded nor charged."""
         st = self.state
         failed, st.failed = st.failed, False
-        if not st.decided:
+        if not st.decided or truncated:
             return
         ar = self._ar(rows, st.predicted_ar)
-        steady = max(seconds - st.catch_up, 0.0) * ar  # tokens AR steps would have committed meanwhile
+        steady_s = max(seconds - st.catch_up, 0.0)
+        steady = steady_s * ar  # tokens AR steps would have committed meanwhile
         st.realised.append((float(tokens), steady))
+        st.forecasts.append((float(tokens), steady_s, *st.plan))
         if not failed or self.tolerance <= 0:
+            return
+        if len(st.realised) >= 4 and self.pays():  # a bad step in a paying stretch: the back-off alone
             return
         loss = (steady - tokens) / max(rows, 1)  # AR steps' worth
         if not self.pays():
             loss = (seconds * ar - tokens) / max(rows, 1)
         st.wait = max(st.wait, math.ceil(loss / self.tolerance))
+
+    def realisation(self, evidence: int = 4) -> float:
+        """Realised over planned rate of the regime's recent decided speculative steps (1 until ``evidence``
+        steps; clamped to [0.5, 2])."""
+        seen = self.state.forecasts
+        if len(seen) < evidence:
+            return 1.0
+        tokens, seconds, expected, planned = (sum(col) for col in zip(*seen))
+        if min(seconds, expected, planned) <= 0:
+            return 1.0
+        return min(max((tokens / seconds) / (expected / planned), 0.5), 2.0)
 
     def pays(self, evidence: int = 4) -> bool:
         """Whether speculation pays in this regime: its recent decided speculative steps committed at least

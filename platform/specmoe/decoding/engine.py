@@ -351,7 +351,8 @@ class SpeculativeEngine:
             accepted = self._extend(outputs, active, new_rows, rows, stop, last_tok)
             kv.keep_last(width, paths)
             pending = [self._committed(new_rows, paths, vout.hidden, base, dev)]
-            if not all(active[b] for b in rows):
+            finished = not all(active[b] for b in rows)
+            if finished:
                 active_t = torch.tensor(active, device=dev)
             if self.adaptive:
                 self.selector.observe(self._outcome(tree, sel, order, vt, vout.routing, paths, kv_slots,
@@ -360,7 +361,8 @@ class SpeculativeEngine:
             t5 = clock.mark()
             if floor is not None:
                 floor.observe_upkeep(clock.seconds(t4, t5))
-                floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows))  # evidence; a fall-back: charged
+                # evidence, a fall-back charged; not where a stop rule cut a row's tokens
+                floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows), truncated=finished)
             records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[]))
             traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel, kv_slots, (t0, t1, t2, t3, t4, t5)))
         clock.sync()
