@@ -16,6 +16,7 @@ import torch
 from specmoe.decoding.analysis import experts_per_layer
 from specmoe.decoding.clock import PhaseClock, device_sync
 from specmoe.decoding.engine import next_tokens
+from specmoe.decoding.inputs import check_ar
 from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
 from specmoe.interfaces.target import Target
@@ -31,6 +32,7 @@ def ar_generate(target: Target, prompts: Sequence[Sequence[int]], *, temperature
 
     ``clock``: host clock of the step timings on non-CUDA devices (see :class:`~specmoe.decoding.clock.PhaseClock`).
     """
+    check_ar(target, prompts, temperature=temperature, stop=stop, seed=seed)
     dev = target.device
     bsz = len(prompts)
     gen = torch.Generator(device=dev).manual_seed(seed)

@@ -31,6 +31,7 @@ from specmoe.decoding.acceptance import accept, greedy_paths, greedy_walk, targe
 from specmoe.decoding.analysis import experts_per_layer, prediction_overlap, routing_stats
 from specmoe.decoding.ar_floor import ARFloor
 from specmoe.decoding.clock import PhaseClock, device_sync
+from specmoe.decoding.inputs import check_generate
 from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
 from specmoe.decoding.tree_builder import pool_size
@@ -223,6 +224,8 @@ class SpeculativeEngine:
                  temperature: float, stop: StopRule, seed: int = 0,
                  buffer: torch.Tensor | None = None) -> Generation:
         """Generate continuations of ``prompts`` (token id lists) in one batch."""
+        check_generate(self, prompts, budget=budget, steps=steps, top_k=top_k, temperature=temperature, stop=stop,
+                       seed=seed, buffer=buffer)
         target = self.target
         dev = target.device
         bsz = len(prompts)
