@@ -18,6 +18,13 @@ the timed region because they are part of what it does: the step's draft and pre
 the unique experts of the pass's routing, the accepted nodes). Under its AR floor
 (:mod:`specmoe.decoding.ar_floor`) an AR step is one target pass over the roots with one host read (the next
 tokens); one AR step in ``ARFloor.observe_every`` is reported to ``observe``.
+
+A selector that ranks by calibrated node values (``Selector.node_values``: the tree selectors by default) gets
+``DraftTree.value`` set on every pool before ``select`` (:class:`~specmoe.decoding.node_values.NodeValues`,
+tensor operations on the device, no host read); each step's outcomes stay on the device and are handed to the
+calibration in one host read when the generation ends, after the timed region (so a step still reads the
+device twice). The calibration lives as long as the engine: each generation ranks by what the earlier ones
+taught it.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from specmoe.decoding.analysis import experts_per_layer, prediction_overlap, rou
 from specmoe.decoding.ar_floor import ARFloor
 from specmoe.decoding.clock import PhaseClock, device_sync
 from specmoe.decoding.inputs import check_generate
+from specmoe.decoding.node_values import NodeValues, accepted_in_pool
 from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
 from specmoe.decoding.tree_builder import pool_size
@@ -162,6 +170,8 @@ class SpeculativeEngine:
             raise ValueError(f"an AR floor needs an adaptive selector (one with plan/observe); "
                              f"{type(selector).__name__} is not")
         self.floor = ar_floor
+        #: the online node-value calibration of a selector that ranks by it (None otherwise)
+        self.values = NodeValues() if getattr(selector, "node_values", False) else None
 
     # ------------------------------------------------------------------ helpers
     def _selection_width(self, tree: DraftTree, sel: torch.Tensor, budget: int) -> tuple[int, int]:
@@ -321,6 +331,8 @@ class SpeculativeEngine:
                     experts = self.predictor.predict(p_state, tree)
             t2 = clock.mark()
             plan = None
+            if self.values is not None:
+                tree.value = self.values.values(tree, temperature)
             if self.adaptive:
                 ctx = SelectionContext(temperature=temperature, kv_slots=kv.num_slots,
                                        t_draft=clock.seconds(t0, t1), t_pred=clock.seconds(t1, t2),
@@ -354,6 +366,8 @@ class SpeculativeEngine:
             accepted = self._extend(outputs, active, new_rows, rows, stop, last_tok)
             kv.keep_last(width, paths)
             pending = [self._committed(new_rows, paths, vout.hidden, base, dev)]
+            if self.values is not None:
+                self.values.record(tree, sel, accepted_in_pool(sel, order, paths, width), temperature)
             finished = not all(active[b] for b in rows)
             if finished:
                 active_t = torch.tensor(active, device=dev)
@@ -395,10 +409,7 @@ class SpeculativeEngine:
                  temperature: float, clock: PhaseClock, marks: tuple[int, ...], absorbed: int) -> StepOutcome:
         """What a speculative step did, for an adaptive selector (accepted paths mapped back to the pool)."""
         bsz = len(paths)
-        acc_w = torch.zeros(bsz, width, dtype=torch.bool)
-        for b, p in enumerate(paths):
-            acc_w[b, p] = True
-        accepted = torch.zeros_like(sel).scatter_(1, order, acc_w.to(sel.device))
+        accepted = accepted_in_pool(sel, order, paths, width)
         t0, t1, t2, t3, t4 = marks
         return StepOutcome(rows=bsz, tokens=n_verified, width=width, kv_slots=kv_slots, temperature=temperature,
                            experts_per_layer=experts_per_layer(routing, vt.valid, self.target.num_experts),
@@ -409,7 +420,10 @@ class SpeculativeEngine:
 
     def _analyse(self, records: list[StepRecord], traces: list[StepTrace], clock: PhaseClock) -> torch.Tensor:
         """Fill the records' timings and analysis fields (after the timed region); returns the ``[L, E]``
-        activation counts of the verified tokens."""
+        activation counts of the verified tokens. The node-value calibration learns the generation's outcomes
+        here too (its one host read)."""
+        if self.values is not None:
+            self.values.flush()
         target = self.target
         n_exp = target.num_experts
         counts_le = torch.zeros(target.num_moe_layers, n_exp, dtype=torch.long, device=target.device)

@@ -20,6 +20,13 @@ class Selector(Plugin, ABC):
     #: whether :meth:`select` needs predicted expert sets (the engine then runs the predictor)
     needs_experts: ClassVar[bool] = False
 
+    @property
+    def node_values(self) -> bool:
+        """Whether :meth:`select` ranks by calibrated node values (:attr:`DraftTree.value`): the engine then
+        sets them on every tree before selection and learns them online from each step's acceptance outcomes
+        (:mod:`specmoe.decoding.node_values`). Default False: rank by the draft's own path probabilities."""
+        return False
+
     @abstractmethod
     def select(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
                buffer: torch.Tensor | None = None) -> torch.Tensor:

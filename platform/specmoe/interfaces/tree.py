@@ -38,6 +38,10 @@ class DraftTree:
         anc: ``[B, N, N]`` bool ancestor-or-self matrix of ``parents`` (see :meth:`ancestors`), built once where the
             tree is built (the pool builder has it anyway) and carried along by :meth:`subset`; ``None``: computed
             on first use and kept. It describes ``parents``: whoever changes ``parents`` sets it to ``None``.
+        value: ``[B, N]`` float32 calibrated value of each node: the predicted probability that its whole
+            root-to-node path is accepted (1 at the root, never above the parent's), set by the engine for a
+            selector that ranks by it (:attr:`~specmoe.interfaces.selector.Selector.node_values`); ``None``:
+            rank by :attr:`path_prob` (see :attr:`rank_value`). Carried along by :meth:`subset`.
     """
 
     tokens: torch.Tensor
@@ -48,6 +52,7 @@ class DraftTree:
     valid: torch.Tensor
     features: Optional[torch.Tensor] = None
     anc: Optional[torch.Tensor] = None
+    value: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:
@@ -61,6 +66,11 @@ class DraftTree:
     def path_prob(self) -> torch.Tensor:
         """``[B, N]`` cumulative draft probability P(path) of each node (1 at the root)."""
         return self.path_logp.exp()
+
+    @property
+    def rank_value(self) -> torch.Tensor:
+        """``[B, N]`` what tree selectors rank by: :attr:`value` when set, else :attr:`path_prob`."""
+        return self.value if self.value is not None else self.path_prob
 
     @classmethod
     def from_lists(cls, tokens: list[int], parents: list[int], probs: list[float] | None = None,
@@ -133,7 +143,8 @@ class DraftTree:
         sub = (sub & index_valid[:, :, None] & index_valid[:, None, :]) | eye
         sub[:, :, 0] |= ~index_valid  # padding rows: self and the root
         return replace(self, tokens=g(self.tokens), parents=new_par, depth=g(self.depth), logp=g(self.logp),
-                       path_logp=g(self.path_logp), valid=g(self.valid) & index_valid, anc=sub, features=feats)
+                       path_logp=g(self.path_logp), valid=g(self.valid) & index_valid, anc=sub, features=feats,
+                       value=None if self.value is None else g(self.value))
 
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:

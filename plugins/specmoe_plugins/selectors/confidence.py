@@ -1,5 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``confidence``: the EAGLE-2/3 baseline, the root plus the gamma - 1 nodes of highest P(path)."""
+"""``confidence``: the EAGLE-2/3 baseline, the root plus the gamma - 1 nodes of highest path value.
+
+The value is calibrated by default (``calibrated: true``): the engine's online estimate of the probability that
+the node's path is accepted (:mod:`specmoe.decoding.node_values`), which equals P(path) for a calibrated draft.
+``calibrated: false`` ranks by the draft's raw P(path), as EAGLE-2/3 and the paper do (the ablation).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specmoe.decoding.selection import PackedPool, greedy_packed
+from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.tree import DraftTree
 
@@ -15,23 +20,36 @@ __all__ = ["ConfidenceSelector"]
 
 
 class ConfidenceSelector(Selector):
-    """Top gamma - 1 nodes by cumulative draft probability.
+    """Top gamma - 1 nodes by path value (calibrated, or the raw cumulative draft probability).
 
-    A child's cumulative probability never exceeds its parent's, so the top set is ancestor-closed; ties are
-    broken towards shallower nodes (then lower index), which keeps closure when probabilities are equal.
+    A child's value never exceeds its parent's, so the top set is ancestor-closed; ties are broken towards
+    shallower nodes (then lower index), which keeps closure when values are equal.
     """
 
-    description = "EAGLE-2/3 baseline: highest cumulative draft probability"
+    description = "EAGLE-2/3 baseline: highest path value (calibrated acceptance; raw P(path) when calibrated: false)"
 
     @dataclass
     class Config:
-        pass
+        calibrated: bool = True
+        """rank by the engine's calibrated node values (true) or by the draft's raw P(path) (false: EAGLE-2/3
+        and the paper, for the ablation)."""
+
+    @property
+    def node_values(self) -> bool:
+        return bool(self.config.calibrated)
 
     def select(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
                buffer: torch.Tensor | None = None) -> torch.Tensor:
         # tiny depth/index penalty breaks exact ties towards the parent side
         n = tree.num_nodes
         tie = tree.depth.float() * 1e-9 + torch.arange(n, device=tree.tokens.device).float() * 1e-12
-        key = (tree.path_logp.double() - tie.double()).cpu().numpy().reshape(-1)
-        sel = greedy_packed(PackedPool.build(tree), budget, lambda idx, new: key[idx])
+        logv = tree.path_logp if not self.config.calibrated or tree.value is None else tree.value.log()
+        key = (logv.double() - tie.double()).cpu().numpy()
+        if tree.batch_size * n <= SCALAR_POOL:  # small pools: the same greedy in plain Python (cheaper)
+            rows = key.tolist()
+            sel = greedy_scalar(ScalarPool.build(tree), budget, lambda r, i, new: rows[r][i],
+                                shape=tuple(tree.tokens.shape))
+        else:
+            flat = key.reshape(-1)
+            sel = greedy_packed(PackedPool.build(tree), budget, lambda idx, new: flat[idx])
         return torch.from_numpy(sel).to(tree.tokens.device)

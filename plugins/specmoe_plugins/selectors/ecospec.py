@@ -19,6 +19,10 @@ pick costs a few numpy operations over the current candidates (:func:`~specmoe.d
 small pools of independent rows (per-row buffers, or batch 1) run the same greedy in plain Python
 (:func:`~specmoe.decoding.selection.greedy_scalar`, faster there, see :mod:`specmoe.decoding.selection`). Scores
 are float32 in both, as the original torch scores were.
+
+P(t) is the engine's calibrated path value by default (``calibrated: true``, the same values the ``confidence``
+baseline ranks by, :mod:`specmoe.decoding.node_values`); ``calibrated: false`` uses the draft's raw path
+probability, as the paper does.
 """
 
 from __future__ import annotations
@@ -49,6 +53,16 @@ class EcoSpecSelector(Selector):
         """with batch > 1: ``false`` (default) one buffer per row, the paper's Algorithm 1 run per sequence;
         ``true`` one buffer for the whole batch (this project's extension, not in the paper). The default
         reproduces the paper; identical at batch size 1."""
+        calibrated: bool = True
+        """P(path) is the engine's calibrated node value (true) or the draft's raw path probability (false: the
+        paper)."""
+
+    @property
+    def node_values(self) -> bool:
+        return bool(self.config.calibrated)
+
+    def _values(self, tree: DraftTree) -> torch.Tensor:
+        return tree.rank_value.float() if self.config.calibrated else tree.path_prob
 
     def select(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
                buffer: torch.Tensor | None = None) -> torch.Tensor:
@@ -58,7 +72,7 @@ class EcoSpecSelector(Selector):
         eps = np.float32(self.config.eps)
         shared = self.config.shared_buffer
         if (not shared or tree.batch_size == 1) and tree.batch_size * tree.num_nodes <= SCALAR_POOL:
-            probs = list(tree.path_prob.detach().cpu().numpy())  # [B] rows of np.float32 scalars
+            probs = list(self._values(tree).detach().cpu().numpy())  # [B] rows of np.float32 scalars
             den: dict[int, np.float32] = {}
 
             def score(r: int, i: int, new: int) -> np.float32:
@@ -71,7 +85,7 @@ class EcoSpecSelector(Selector):
                                 buffer=0 if b0 is None else int.from_bytes(b0.tobytes(), "little"))
             return torch.from_numpy(sel).to(tree.tokens.device)
         pool = PackedPool.build(tree, experts)
-        prob = tree.path_prob.detach().cpu().numpy().reshape(-1)  # float32, as the torch scores were
+        prob = self._values(tree).detach().cpu().numpy().reshape(-1)  # float32, as the torch scores were
         sel = greedy_packed(pool, budget, lambda idx, new: prob[idx] / (new.astype(np.float32) + eps),
                             buffer=b0, shared=shared, joint=shared and tree.batch_size > 1)
         return torch.from_numpy(sel).to(tree.tokens.device)

@@ -1,5 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``global_cost``: the paper's Table 4 ablation, P(path) / (|path experts| + eps), with no buffer."""
+"""``global_cost``: the paper's Table 4 ablation, P(path) / (|path experts| + eps), with no buffer.
+
+P(path) is the engine's calibrated node value by default (``calibrated: true``, as ``confidence`` and ``ecospec``
+rank by); ``calibrated: false`` is the draft's raw path probability, as in the paper.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +29,12 @@ class GlobalCostSelector(Selector):
     @dataclass
     class Config:
         eps: float = 1.0e-6
+        calibrated: bool = True
+        """P(path) is the engine's calibrated node value (true) or the draft's raw path probability (false)."""
+
+    @property
+    def node_values(self) -> bool:
+        return bool(self.config.calibrated)
 
     def select(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
                buffer: torch.Tensor | None = None) -> torch.Tensor:
@@ -32,7 +42,8 @@ class GlobalCostSelector(Selector):
             raise ValueError("global_cost needs predicted expert sets")
         pool = PackedPool.build(tree, experts)
         cost = popcount_rows(pool.paths).reshape(-1).astype(np.float32)  # [B*N]
-        score = tree.path_prob.detach().cpu().numpy().reshape(-1) / (cost + np.float32(self.config.eps))
+        prob = tree.rank_value.float() if self.config.calibrated else tree.path_prob
+        score = prob.detach().cpu().numpy().reshape(-1) / (cost + np.float32(self.config.eps))
         pool.paths = None  # static score: no buffer
         sel = greedy_packed(pool, budget, lambda idx, new: score[idx])
         return torch.from_numpy(sel).to(tree.tokens.device)

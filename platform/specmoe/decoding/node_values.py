@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Calibrated node values for the tree selectors: P(node's root-to-node path is accepted), learned online.
+
+A drafter's path probability ``P(path)`` is what EAGLE-2/3 ranks by, and it assumes the draft is calibrated. A
+draft trained with a soft target is often under-confident (the demo's EAGLE-3: mean top-1 probability 0.27-0.34
+per depth on a chain where the realised conditional acceptance is 0.83-0.89), so ``P(path)`` ranks a depth-1
+sibling above the deeper nodes that get accepted, and a tree verifies fewer accepted tokens than a chain of the
+same size. :class:`NodeValues` ranks by calibrated values instead, with the machinery of goodput's acceptance
+model (:class:`~specmoe.decoding.acceptance_model.AcceptanceModel`: an edge's acceptance given its parent's from
+the edge's draft probability, depth and sibling share; a path's value is the product over its edges, so a child
+is never worth more than its parent and the top set stays ancestor-closed).
+
+The engine owns one per selector that asks for it (:attr:`~specmoe.interfaces.selector.Selector.node_values`):
+
+* before selection, :meth:`NodeValues.values` computes ``DraftTree.value [B, N]`` on the tree's device (a fixed
+  number of tensor operations, no host read; the weights are a small host-to-device copy after a refit);
+* after acceptance, :meth:`NodeValues.record` keeps the step's verified nodes and accepted path on the device;
+  when the generation ends (after its timed region) :meth:`NodeValues.flush` reads them in one host read and
+  hands them to the model (outcome: every verified non-root node whose parent was accepted, a success when it
+  was accepted too; at T > 0 the accepted path of the rejection-sampling walk, as goodput defines it). A step
+  thus adds no host read; a generation ranks by what the earlier generations taught the model (the first one
+  by the prior). Only a generation longer than :attr:`NodeValues.flush_every` steps reads mid-way (a bound on
+  the outcomes kept on the device).
+
+Before any outcome the model is its prior ``c = q``: the values are ``P(path)`` (up to clipping at 1e-6), the
+paper's ranking. Verification and acceptance do not read the values: losslessness is untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from specmoe.decoding.acceptance_model import AcceptanceModel, temperature_key
+from specmoe.interfaces.tree import DraftTree
+
+__all__ = ["NodeValues", "path_values", "accepted_in_pool"]
+
+_CLIP = 1e-6
+
+
+def path_values(tree: DraftTree, weights: torch.Tensor) -> torch.Tensor:
+    """``[B, N]`` path values of ``tree`` under edge weights ``[4]`` (bias, logit q, depth, log share), the
+    features of :class:`~specmoe.decoding.acceptance_model.AcceptanceModel` computed in torch on the tree's
+    device: ``c = sigmoid(w . x)`` per edge (1 at roots), the product over each root-to-node path (float32)."""
+    par = tree.parents
+    child = par >= 0
+    pidx = par.clamp(min=0)
+    lp = torch.nan_to_num(tree.path_logp.float(), nan=-1e4, neginf=-1e4)
+    edge = (lp - lp.gather(1, pidx)).clamp(max=0.0)
+    q = torch.where(child, edge.exp(), torch.zeros_like(edge))
+    total = torch.zeros_like(q).scatter_add_(1, pidx, q).gather(1, pidx)
+    share = torch.where(child & (total > 0), q / total.clamp(min=1e-30), torch.ones_like(q))
+    qc = q.clamp(_CLIP, 1 - _CLIP)
+    w = weights.to(device=lp.device, dtype=torch.float32)
+    z = w[0] + w[1] * (qc.log() - (-qc).log1p()) + w[2] * tree.depth.float() + w[3] * share.clamp(_CLIP, 1.0).log()
+    log_c = torch.where(child, torch.nn.functional.logsigmoid(z), torch.zeros_like(z))
+    return torch.bmm(tree.ancestors().float(), log_c[:, :, None]).squeeze(-1).exp()
+
+
+def accepted_in_pool(sel: torch.Tensor, order: torch.Tensor, paths: Sequence[Sequence[int]],
+                     width: int) -> torch.Tensor:
+    """``[B, N]`` bool pool nodes of each row's accepted path (root included) from ``paths`` (indices into the
+    verified subset ``order [B, width]`` of the pool)."""
+    acc_w = torch.zeros(len(paths), width, dtype=torch.bool)
+    for b, p in enumerate(paths):
+        acc_w[b, list(p)] = True
+    return torch.zeros_like(sel).scatter_(1, order, acc_w.to(sel.device))
+
+
+class NodeValues:
+    """Online-calibrated node values (one :class:`AcceptanceModel`, per temperature).
+
+    Args:
+        window: edge outcomes kept per temperature.
+        flush_every: at most this many steps' outcomes are kept on the device (a generation that runs longer is
+            read mid-way, one host read per ``flush_every`` steps).
+    """
+
+    def __init__(self, window: int = 4096, flush_every: int = 1024) -> None:
+        self.model = AcceptanceModel(window=window)
+        self.flush_every = max(int(flush_every), 1)
+        self._pending: list[tuple[torch.Tensor, float]] = []
+        self._w: dict[float, tuple[int, torch.Tensor]] = {}  # temperature -> (id of the host weights, tensor)
+
+    def weights(self, temperature: float, device: torch.device) -> torch.Tensor:
+        """The model's current weights at ``temperature`` on ``device`` (copied once per refit)."""
+        key = temperature_key(temperature)
+        host = self.model.weights_for(key)
+        hit = self._w.get(key)
+        if hit is None or hit[0] != id(host) or hit[1].device != torch.device(device):
+            hit = self._w[key] = (id(host), torch.as_tensor(np.asarray(host, np.float32), device=device))
+        return hit[1]
+
+    def values(self, tree: DraftTree, temperature: float) -> torch.Tensor:
+        """``[B, N]`` calibrated path values of ``tree`` (see :func:`path_values`)."""
+        return path_values(tree, self.weights(temperature, tree.tokens.device))
+
+    def record(self, tree: DraftTree, selected: torch.Tensor, accepted: torch.Tensor, temperature: float) -> None:
+        """Keep a step's outcomes (``selected`` / ``accepted`` ``[B, N]`` bool pool masks) on the device
+        (:meth:`flush` hands them to the model)."""
+        rows = torch.stack([tree.path_logp.double(), tree.parents.double(), tree.depth.double(),
+                            (selected & tree.valid).double(), accepted.double()], dim=-1)  # [B, N, 5]
+        if self._pending and (self._pending[-1][0].shape[1] != rows.shape[1]
+                              or self._pending[-1][1] != temperature):
+            self.flush()
+        self._pending.append((rows, temperature))
+        if len(self._pending) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> int:
+        """Hand the kept outcomes to the model (one host read); returns the edge outcomes added."""
+        if not self._pending:
+            return 0
+        temperature = self._pending[0][1]
+        host = torch.cat([r for r, _ in self._pending], dim=0).cpu().numpy()
+        self._pending.clear()
+        return self.model.observe_paths(host[..., 0], host[..., 1].astype(np.int64), host[..., 2].astype(np.int64),
+                                        host[..., 3] > 0.5, host[..., 4] > 0.5, temperature)
