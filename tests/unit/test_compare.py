@@ -345,3 +345,81 @@ def test_resolve_uri_and_ui_command(monkeypatch, tmp_path):
         "--workers",
         "2",
     ]
+
+
+def test_a_real_evaluation_prints_intervals_and_verdicts(tmp_path, monkeypatch):
+    """`platform run` of a tiny grid (5 prompt batches, AR + two methods), then `platform compare` on its
+    MLflow store in another process: intervals in Table 1, the level in the title, verdicts per cell; the
+    cells' per-batch values reproduce their metrics and their intervals hold them."""
+    import json
+    import textwrap
+    from pathlib import Path
+
+    from specmoe.api import run
+    from specmoe.config.load import load_recipe
+    from specmoe.training.tokenizer import train_bpe_tokenizer
+
+    data = Path(__file__).resolve().parents[3] / "shared" / "data"
+    lines = [json.loads(x) for x in (data / "gsm8k" / "train.jsonl").read_text().splitlines()[:100]]
+    tok = tmp_path / "tok"
+    train_bpe_tokenizer((r["question"] + "\n" + r["answer"] for r in lines), vocab_size=300).save_pretrained(tok)
+    monkeypatch.chdir(tmp_path)
+    recipe = tmp_path / "iv.yaml"
+    recipe.write_text(textwrap.dedent(f"""
+        name: intervals
+        output_dir: {tmp_path}/runs
+        cache_dir: {tmp_path}/cache
+        data_dir: {data}
+        target: {{name: hf, tiny: {{arch: qwen3_moe, vocab_size: 300}}, tokenizer: {tok}, cache_dir: {tmp_path}/tiny}}
+        datasets: [{{name: gsm8k, limit: 5, num_shots: 0}}]
+        decoding: {{budget: 3, steps: 2, top_k: 2, max_new_tokens: 5, ignore_eos: true}}
+        methods:
+          - {{name: ar}}
+          - {{name: sd, drafter: {{name: draft_model, share_target: true}}, selector: confidence}}
+          - {{name: eco, drafter: {{name: draft_model, share_target: true}}, selector: ecospec,
+             predictor: router_on_embedding}}
+        eval: {{temperatures: [0.0], batch_sizes: [1], warmup: 0}}
+        tracking: {{uri: "sqlite:///{tmp_path}/mlflow.db"}}
+    """))
+    result = run(load_recipe(recipe))
+    by = {c.method: c for c in result.cells}
+    from specmoe.evaluation.stats import batch_arrays
+
+    for c in result.cells:
+        assert c.prompt_batches == 5 and len(c.batches) == 5
+        for name in ("tokens_per_s", "alpha", "E"):
+            if name in c.metrics and not (c.autoregressive and name == "alpha"):  # AR: α = 1 by definition
+                x, w = batch_arrays(c, name)
+                assert x.sum() / w.sum() == pytest.approx(c.metrics[name], rel=1e-9)
+        for name, (lo, hi) in c.intervals.items():
+            assert lo <= c.metrics[name] <= hi, (c.label, name)
+    assert {"speedup", "tokens_per_s", "alpha", "E"} <= set(by["eco"].intervals)
+    assert "speedup" not in by["ar"].intervals and "tokens_per_s" in by["ar"].intervals
+    saved = json.loads((result.run_dir / "eval" / "results.json").read_text())
+    eco = next(r for r in saved if r["method"] == "eco")
+    assert eco["intervals"]["speedup"] == by["eco"].intervals["speedup"] and eco["confidence_level"] == 0.95
+    assert eco["verdict_vs_ar"] in ("faster", "slower", "not resolved")
+    proc = subprocess.run(
+        [sys.executable, "-m", "specmoe", "compare", "--experiment", "intervals", "--uri",
+         f"sqlite:///{tmp_path}/mlflow.db", "--verdict", "eco:sd", "--verdict", "eco:ar"],
+        capture_output=True, text=True, timeout=180, env=_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "Table 1 — T=0 (greedy), γ=3, batch size 1 — cells: Spd / α / E — 95% intervals [lo, hi]" in out
+    lo, hi = by["eco"].intervals["speedup"]
+    eco_row = _rows(out, "Table 1")["eco"][0]
+    assert eco_row.startswith(f"{by['eco'].metrics['speedup']:.2f}x [{lo:.2f}, {hi:.2f}] / ")
+    verdict_blocks = [b for b in out.split("\n\n") if b.startswith("Verdicts")]
+    assert [b.splitlines()[0] for b in verdict_blocks] == [
+        "Verdicts — eco vs sd — tokens/s ratio, 95% intervals", "Verdicts — eco vs ar — tokens/s ratio, 95% intervals"]
+    row = verdict_blocks[0].splitlines()[3]
+    assert row.split()[:5] == ["gsm8k", "0", "3", "1", "sd@3"]
+    assert any(v in row for v in ("faster", "slower", "not resolved")) and "[" in row
+    ar_row = verdict_blocks[1].splitlines()[3]
+    assert f"[{lo:.2f}, {hi:.2f}]" in ar_row and "ar" in ar_row.split()
+    print(out)  # the tables, for a reader of -s output
+    with pytest.raises(UserError, match=r"METHOD\[@γ\]:BASELINE\[@γ\]"):
+        compare(f"sqlite:///{tmp_path}/mlflow.db", "intervals", verdict=["eco"])
+    with pytest.raises(UserError, match="no cells of method 'nope'"):
+        compare(f"sqlite:///{tmp_path}/mlflow.db", "intervals", verdict=["nope:ar"])

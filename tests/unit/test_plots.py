@@ -110,3 +110,16 @@ def test_speedup_vs_gamma(tmp_path):
     assert list(lines["ecospec"].get_ydata()) == [1.28, 1.39, 1.25, 1.09]
     assert "AR" in lines
     _save(fig, tmp_path / "speedup_gamma.png")
+
+
+def test_speedup_vs_gamma_error_bars(tmp_path):
+    """Points with a confidence interval get an error bar from lo to hi; points without get none."""
+    fig = fig_speedup_vs_gamma({"eagle3": {3: 1.25, 4: 1.31}, "ecospec": {3: 1.28, 4: 1.39}},
+                               intervals={"ecospec": {3: (1.20, 1.33), 4: (1.30, 1.50)}})
+    ax = fig.axes[0]
+    bars = [c for c in ax.collections if c.get_segments()]
+    assert len(bars) == 1  # only ecospec has intervals
+    segments = sorted((float(s[0][0]), float(s[0][1]), float(s[1][1])) for s in bars[0].get_segments())
+    assert segments == [pytest.approx((3.0, 1.20, 1.33)), pytest.approx((4.0, 1.30, 1.50))]
+    assert "95 % intervals" in ax.get_title()
+    _save(fig, tmp_path / "speedup_gamma_bars.png")

@@ -21,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Print the paper's Table 1 (rows methods, columns datasets + Average) and Table 3 "
         "(latency breakdown) built from the finished cell runs of an MLflow experiment, one table per "
         "setting (temperature, γ, batch size; AR joins every γ of its temperature and batch size). "
-        "By default only the latest recipe run (parent run) is used.",
+        "By default only the latest recipe run (parent run) is used. Values with a confidence interval "
+        "(paired bootstrap over the prompt batches of the cell's group) print as 1.03x [0.99, 1.07].",
     )
     p.add_argument(
         "--experiment", required=True, help="MLflow experiment name (default of a recipe: its name)"
@@ -42,6 +43,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="use every parent run's cells (the latest run of each cell wins)",
     )
+    p.add_argument(
+        "--verdict",
+        action="append",
+        default=[],
+        metavar="METHOD:BASELINE",
+        help="judge METHOD against BASELINE in every cell (same dataset, temperature, batch size; either side "
+        "may name a γ: goodput:eagle3@4): their tokens/s ratio on the same prompt batches with its "
+        "confidence interval, faster / slower / not resolved, and the prompts the cell needs to resolve "
+        "--margin; repeatable",
+    )
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.02,
+        help="relative margin the verdicts' prompt estimate is sized for (default 0.02: an interval of ±2 %%)",
+    )
     p.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
     p.add_argument("--out", help="also write the output to this file")
     p.set_defaults(func=run)
@@ -59,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         run_id=args.run_id,
         all_runs=args.all_runs,
         fmt=args.format,
+        verdict=args.verdict,
+        margin=args.margin,
     )
     print(text, end="")
     if args.out:

@@ -19,7 +19,11 @@ from specmoe.evaluation.results import CellResult
 from specmoe.interfaces.dataset import Sample
 from specmoe.metrics import BatchTiming, CellData, summarize
 
-__all__ = ["run_batch", "warm_up", "build_cell", "cell_data", "add_counts"]
+__all__ = ["run_batch", "warm_up", "build_cell", "cell_data", "add_counts", "batch_summary", "INTERVAL_METRICS"]
+
+#: metrics computed from a cell alone that get a per-batch value and weight, hence an interval (speedup, a
+#: ratio to AR, gets one from the batches' tokens/s)
+INTERVAL_METRICS = ("tokens_per_s", "alpha", "E")
 
 Render = Callable[[Sample, int, list[str]], list[int]]
 
@@ -91,6 +95,45 @@ def cell_data(batches: Sequence[dict[str, Any]], temperature: float, bytes_per_e
                     bytes_per_expert_loaded=bytes_per_expert_loaded, num_moe_layers=num_moe_layers)
 
 
+def _weight(metric: Any, data: CellData) -> float:
+    """How much a batch counts in ``metric``'s cell value (its aggregation): 1 per batch (``batches``),
+    its steps that have a value (``steps``), its (step, active row) pairs (``rows``)."""
+    if metric.aggregate == "rows":
+        return float(sum(len(s.get("accepted") or ()) for s in data.steps))
+    if metric.aggregate == "steps":
+        one = CellData(temperature=data.temperature, bytes_per_expert=data.bytes_per_expert,
+                       bytes_per_expert_loaded=data.bytes_per_expert_loaded, num_moe_layers=data.num_moe_layers)
+        n = 0
+        for s in data.steps:
+            one.steps = [s]
+            n += metric.compute(one) is not None
+        return float(n)
+    return 1.0
+
+
+def batch_summary(record: dict[str, Any], temperature: float, bytes_per_expert: int, num_moe_layers: int,
+                  bytes_per_expert_loaded: int = 0, autoregressive: bool = False) -> dict[str, Any]:
+    """One batch of a cell, small: its tokens, seconds (and rounds), and per metric of
+    :data:`INTERVAL_METRICS` its value on this batch alone and its weight, so that the cell's value is
+    Σ weight·value / Σ weight over the batches (the form every interval of
+    :mod:`specmoe.evaluation.stats` resamples)."""
+    from specmoe.metrics import get
+
+    data = cell_data([record], temperature, bytes_per_expert, num_moe_layers, bytes_per_expert_loaded)
+    values: dict[str, list[float]] = {}
+    for name in INTERVAL_METRICS:
+        m = get(name)
+        if autoregressive and not m.applies_to_ar:
+            continue
+        v = m.compute(data)
+        if v is not None:
+            values[name] = [float(v), _weight(m, data)]
+    out = {"new_tokens": record["new_tokens"], "seconds": record["seconds"], "values": values}
+    if record.get("round_seconds"):
+        out["round_seconds"] = list(record["round_seconds"])
+    return out
+
+
 def build_cell(batches: Sequence[dict[str, Any]], *, method: str, dataset: str, temperature: float, budget: int,
                batch_size: int, autoregressive: bool, analysis_only: bool, bytes_per_expert: int,
                num_moe_layers: int, bytes_per_expert_loaded: int = 0,
@@ -113,5 +156,8 @@ def build_cell(batches: Sequence[dict[str, Any]], *, method: str, dataset: str, 
                       analysis_only=analysis_only, per_sample=per_sample, outputs=outputs, steps=data.steps,
                       expert_counts=None if autoregressive else counts, adaptive=adaptive,
                       calibration=next((b["calibration"] for b in reversed(batches) if b.get("calibration")),
-                                       None))
+                                       None),
+                      batches=[batch_summary(b, temperature, bytes_per_expert, num_moe_layers,
+                                             bytes_per_expert_loaded, autoregressive) for b in batches],
+                      prompt_batches=len(batches))
     return cell, data

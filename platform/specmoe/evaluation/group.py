@@ -14,6 +14,9 @@ the sampling seed is the same in every round, so the rounds of a member do the s
 method's online state carries over between rounds, as it does between the batches of a serving process). Every
 round's seconds are kept in the record (``round_seconds``), and the cell reports their spread.
 
+Intervals: every cell gets confidence intervals on its speedup, tokens/s, α and E from one paired bootstrap
+over the group's prompt batches (:func:`specmoe.evaluation.stats.add_intervals`).
+
 Resumption: each finished batch (all members) is stored in ``<dir>/batch-<i>.json``; a killed run redoes at
 most the batch in flight. ``<dir>/cells.json`` holds the finished group's cells.
 """
@@ -29,6 +32,7 @@ from typing import Any, Callable, Sequence
 from specmoe.errors import CellFailed
 from specmoe.evaluation.cell import build_cell, run_batch, warm_up
 from specmoe.evaluation.results import CellResult
+from specmoe.evaluation.stats import add_intervals
 from specmoe.interfaces.dataset import Sample
 from specmoe.metrics import derive
 from specmoe.utils.files import atomic_write_json
@@ -181,7 +185,9 @@ class EvalGroup:
         ar_cell, ar_data = next((c, d) for c, d in built if c.autoregressive)
         for cell, data in built:
             cell.metrics.update(derive(data, ar_data, cell.metrics, ar_cell.metrics, cell.autoregressive))
-        return [c for c, _ in built]
+        cells = [c for c, _ in built]
+        add_intervals(cells, seed=self.seed)
+        return cells
 
     def _tick(self, n: int) -> None:
         if self.progress is not None and n:

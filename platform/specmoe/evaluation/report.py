@@ -8,7 +8,21 @@ from typing import Any, Sequence
 
 from specmoe.evaluation.results import CellResult
 
-__all__ = ["build_report_tables", "log_cell", "log_summary", "write_results", "calibration_metrics"]
+__all__ = ["build_report_tables", "log_cell", "log_summary", "write_results", "calibration_metrics",
+           "interval_metrics", "BATCHES_ARTIFACT", "PROMPT_BATCHES"]
+
+#: a cell run's per-batch values (``CellResult.batches``): what ``platform compare`` pairs methods from
+BATCHES_ARTIFACT = "batches.json"
+#: the MLflow metric holding a cell's number of prompt batches
+PROMPT_BATCHES = "prompt_batches"
+
+
+def interval_metrics(cell: CellResult) -> dict[str, float]:
+    """``<metric>_lo`` / ``<metric>_hi`` for every interval of the cell, and its ``prompt_batches``."""
+    out = {f"{k}_{side}": v for k, (lo, hi) in cell.intervals.items() for side, v in (("lo", lo), ("hi", hi))}
+    if cell.prompt_batches:
+        out[PROMPT_BATCHES] = float(cell.prompt_batches)
+    return out
 
 
 def build_report_tables(cells: Sequence[CellResult]) -> list[Any]:
@@ -19,7 +33,8 @@ def build_report_tables(cells: Sequence[CellResult]) -> list[Any]:
 
 
 def write_results(cells: Sequence[CellResult], tables: list[Any], out: Path) -> str:
-    """``results.json`` (metrics), ``samples_*.jsonl`` (outputs) and ``table.md`` under ``out``; returns the
+    """``results.json`` (metrics, their confidence intervals and level, the verdict against AR),
+    ``samples_*.jsonl`` (outputs) and ``table.md`` under ``out``; returns the
     text rendering of the tables."""
     import json
 
@@ -27,7 +42,12 @@ def write_results(cells: Sequence[CellResult], tables: list[Any], out: Path) -> 
     from specmoe.utils.files import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "results.json", json.dumps([c.to_json(bulky=False) for c in cells], indent=2, default=str))
+    from specmoe.evaluation.stats import LEVEL
+
+    records = [{**c.to_json(bulky=False), "confidence_level": LEVEL,
+                **({} if c.autoregressive or "speedup" not in c.intervals else
+                   {"verdict_vs_ar": c.interval("speedup").verdict()})} for c in cells]
+    atomic_write(out / "results.json", json.dumps(records, indent=2, default=str))
     for c in cells:
         name = f"samples_{c.method}_{c.dataset}_T{c.temperature}_g{c.budget}_bs{c.batch_size}"
         atomic_write(out / f"{name}.jsonl", "".join(json.dumps({"id": o["id"], "turns": o["turns"]}) + "\n"
@@ -55,11 +75,14 @@ def log_cell(tracker: Any, parent: Any, cell: CellResult) -> None:
         cell.run_id = run.run_id or ""
         known = names()
         run.log_metrics({k: v for k, v in cell.metrics.items() if k in known})
+        run.log_metrics(interval_metrics(cell))
         run.log_params({"group_key": cell.key, "spec.method": cell.method, "spec.dataset": cell.dataset,
                         "spec.temperature": cell.temperature, "spec.budget": cell.budget,
                         "spec.batch_size": cell.batch_size})
         run.log_table(cell.steps, "steps.csv")
         run.log_table(cell.per_sample, "per_sample.csv")
+        if cell.batches:
+            run.log_dict({"batches": cell.batches}, BATCHES_ARTIFACT)
         run.log_dict({"outputs": [{"id": o["id"], "turns": o["turns"]} for o in cell.outputs]}, "outputs.json")
         if cell.calibration:
             _log_calibration(run, cell)
@@ -100,7 +123,7 @@ def _log_calibration(run: Any, cell: CellResult) -> None:
 def _figures(cells: Sequence[CellResult]) -> dict[str, Any]:
     from specmoe.evaluation.cell import add_counts
     from specmoe.tracking import plots
-    from specmoe.tracking.compare import speedup_by_gamma
+    from specmoe.tracking.compare import speedup_by_gamma, speedup_intervals_by_gamma
 
     by_method: dict[str, list[dict[str, Any]]] = {}
     counts: dict[str, list[list[int]] | None] = {}
@@ -120,7 +143,7 @@ def _figures(cells: Sequence[CellResult]) -> dict[str, Any]:
         figs[f"fig4_expert_heatmap_{m}.png"] = plots.fig_expert_heatmap(cnt, title=f"expert activations: {m}")
     gam = speedup_by_gamma(cells)
     if any(len(v) > 1 for v in gam.values()):
-        figs["speedup_vs_gamma.png"] = plots.fig_speedup_vs_gamma(gam)
+        figs["speedup_vs_gamma.png"] = plots.fig_speedup_vs_gamma(gam, intervals=speedup_intervals_by_gamma(cells))
     return figs
 
 

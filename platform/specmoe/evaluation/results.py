@@ -13,7 +13,7 @@ from typing import Any, Optional
 __all__ = ["CellResult"]
 
 #: fields too large for ``results.json`` and MLflow params (kept in the cache and as artifacts)
-BULKY = ("per_sample", "outputs", "steps", "expert_counts", "calibration")
+BULKY = ("per_sample", "outputs", "steps", "expert_counts", "calibration", "batches")
 
 
 @dataclass
@@ -38,6 +38,14 @@ class CellResult:
         calibration: the adaptive selector's models after the cell's last batch
             (:meth:`~specmoe.interfaces.selection.AdaptiveSelector.calibration`, plus the AR floor's
             decisions); ``None`` otherwise.
+        batches: per prompt batch, in order: ``{"new_tokens", "seconds", "values": {metric: [value,
+            weight]}}`` (and ``"round_seconds"`` with ``eval.repeats``): the cell's value of each metric is
+            Σ weight·value / Σ weight over its batches (:func:`specmoe.evaluation.cell.batch_summary`); what
+            the intervals, verdicts and the cross-fitted best fixed γ are computed from.
+        intervals: metric -> ``[lo, hi]``, the :data:`~specmoe.evaluation.stats.LEVEL` confidence interval
+            from a paired bootstrap over the group's prompt batches (:mod:`specmoe.evaluation.stats`);
+            metrics without one (too few batches) are absent.
+        prompt_batches: prompt batches the cell was measured on.
     """
 
     method: str
@@ -59,6 +67,18 @@ class CellResult:
     expert_counts: Optional[list[list[int]]] = None
     adaptive: bool = False
     calibration: Optional[dict[str, Any]] = None
+    batches: list[dict[str, Any]] = field(default_factory=list)
+    intervals: dict[str, list[float]] = field(default_factory=dict)
+    prompt_batches: int = 0
+
+    def interval(self, metric: str) -> Any:
+        """``metric`` as an :class:`~specmoe.evaluation.stats.Interval` (``None`` when the cell lacks it)."""
+        from specmoe.evaluation.stats import Interval
+
+        if metric not in self.metrics:
+            return None
+        lo, hi = self.intervals.get(metric, (None, None))
+        return Interval(self.metrics[metric], lo, hi, n=self.prompt_batches)
 
     @property
     def label(self) -> str:

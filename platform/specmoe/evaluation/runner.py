@@ -97,7 +97,7 @@ class Evaluator:
             "decoding": {"steps": d.steps, "top_k": d.top_k, "max_new_tokens": d.max_new_tokens,
                          "stop_strings": d.stop_strings, "ignore_eos": d.ignore_eos},
             "temperature": temperature, "batch_size": bsz, "seed": self.cfg.eval.seed,
-            "warmup": self.cfg.eval.warmup, "members": members, "code": self.code, "v": 2,
+            "warmup": self.cfg.eval.warmup, "members": members, "code": self.code, "v": 3,
             **({"repeats": self.cfg.eval.repeats} if self.cfg.eval.repeats != 1 else {})})
 
     # ------------------------------------------------------------------ members

@@ -210,24 +210,36 @@ def _horizontal() -> dict[str, Any]:
     return {"orientation": "horizontal"} if (major, minor) >= (3, 10) else {"vert": False}
 
 
-def fig_speedup_vs_gamma(speedups: Mapping[str, Mapping[int, float]], title: str | None = None) -> Any:
-    """Speedup over AR vs the verification budget γ, one line per method (paper Appendix C).
+def fig_speedup_vs_gamma(speedups: Mapping[str, Mapping[int, float]], title: str | None = None,
+                         intervals: Mapping[str, Mapping[int, Sequence[float]]] | None = None) -> Any:
+    """Speedup over AR vs the verification budget γ, one line per method (paper Appendix C), with error bars
+    where a confidence interval is known.
 
     Args:
         speedups: method -> {gamma: speedup}.
         title: figure title.
+        intervals: method -> {gamma: (lo, hi)} (e.g. the cells' 95 % intervals); points without one get no bar.
     """
     fig, ax = _figure(5.5, 4.0)
     gammas: set[int] = set()
+    bars = False
     for i, (method, by_gamma) in enumerate(speedups.items()):
         gs = sorted(by_gamma)
         gammas.update(gs)
-        ax.plot(gs, [by_gamma[g] for g in gs], marker="o", color=_color(i), label=method)
+        ys = [by_gamma[g] for g in gs]
+        ax.plot(gs, ys, marker="o", color=_color(i), label=method)
+        known = (intervals or {}).get(method, {})
+        with_bar = [(g, y, known[g]) for g, y in zip(gs, ys) if g in known]
+        if with_bar:
+            bars = True
+            ax.errorbar([g for g, _, _ in with_bar], [y for _, y, _ in with_bar],
+                        yerr=[[y - b[0] for _, y, b in with_bar], [b[1] - y for _, y, b in with_bar]],
+                        fmt="none", ecolor=_color(i), capsize=3, lw=1)
     ax.axhline(1.0, color="gray", ls=":", lw=1.2, label="AR")
     ax.set_xticks(sorted(gammas))
     ax.set_xlabel("verification budget γ (tokens per step, bonus included)")
     ax.set_ylabel(_axis("speedup"))
-    ax.set_title(title or "Speedup vs verification budget")
+    ax.set_title((title or "Speedup vs verification budget") + (" (bars: 95 % intervals)" if bars else ""))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
