@@ -204,7 +204,7 @@ def _evaluate(cfg: RunConfig, stages: Any, samples: dict, run_dir: Path, tracker
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     components = [cfg.target, *cfg.datasets,
                   *(c for m in cfg.methods for c in (m.drafter, m.selector, m.predictor, m.verifier))]
-    code = {**code_version(), "plugins": plugin_params(components)}
+    code = {**code_version(components), "distributions": plugin_params(components)}
 
     def log_group(cells: list) -> None:
         if getattr(tracker, "enabled", False):

@@ -10,10 +10,28 @@ from typing import Any
 from specmoe.config.schema import Component, RunConfig
 from specmoe.errors import UserError
 
-__all__ = ["preflight", "PATH_KEYS"]
+__all__ = ["preflight", "PATH_KEYS", "RUN_ARTIFACTS", "tracked_run_artifacts"]
 
 #: option names that hold a checkpoint / file location
 PATH_KEYS = ("path", "checkpoint", "model_path")
+
+
+#: what a run writes into its working directory (git pathspecs): never to be tracked by git
+RUN_ARTIFACTS = ("mlflow.db", "mlflow.db-*", "mlflow.db.lock", ":(glob)**/*.lock", "runs", "mlruns", "mlartifacts",
+                 ".specmoe_cache", ".specmoe")
+
+
+def tracked_run_artifacts(workdir: Path | str) -> list[str]:
+    """Files under ``workdir`` that a run writes (:data:`RUN_ARTIFACTS`) and that git tracks there (empty
+    outside a git checkout or without git)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "ls-files", "-z", "--", *RUN_ARTIFACTS], cwd=workdir, capture_output=True,
+                              text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted(f for f in done.stdout.split("\0") if f) if done.returncode == 0 else []
 
 
 def _offline() -> bool:
@@ -64,6 +82,11 @@ def preflight(cfg: RunConfig, source: str = "recipe") -> dict[str, list[Any]]:
             if mem < memory:
                 problems.append(f"requires.gpu_memory_gb: needs {memory} GB per GPU; the smallest here has "
                                 f"{mem:.0f} GB")
+    tracked = tracked_run_artifacts(Path.cwd())
+    if tracked:
+        shown = ", ".join(tracked[:5]) + (f" and {len(tracked) - 5} more" if len(tracked) > 5 else "")
+        problems.append(f"git tracks files that a run writes ({shown}): every run would rewrite them and dirty "
+                        f"the checkout. Untrack them (git rm --cached <file>) and add them to .gitignore")
     if (cfg.methods or cfg.datasets) and cfg.target is None:
         problems.append("target: the recipe evaluates methods but names no target")
     _check_component(cfg.target, "target", problems)

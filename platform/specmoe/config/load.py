@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -186,6 +187,69 @@ def apply_overrides(cfg: dict[str, Any], overrides: Sequence[str], problems: lis
     return cfg
 
 
+_VAR_REF = re.compile(r"\$\{\s*variables\.([A-Za-z0-9_\-.]+?)\s*\}")
+
+
+def _variable_refs(node: Any) -> set[str]:
+    """Dotted paths ``x.y`` of every ``${variables.x.y}`` interpolation in ``node``'s strings (keys included)."""
+    out: set[str] = set()
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+            stack.extend(k for k in item.keys() if isinstance(k, str))
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and "${" in item:
+            out.update(_VAR_REF.findall(item))
+    return out
+
+
+def _variable_at(variables: Any, path: str) -> Any:
+    node = variables
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def used_variables(cfg: dict[str, Any]) -> set[str]:
+    """The ``variables.*`` paths the resolved recipe depends on: those referenced outside ``variables`` and,
+    transitively, those the referenced variables reference."""
+    variables = cfg.get("variables") if isinstance(cfg.get("variables"), dict) else {}
+    todo = list(_variable_refs({k: v for k, v in cfg.items() if k != "variables"}))
+    used: set[str] = set()
+    while todo:
+        path = todo.pop()
+        if path in used:
+            continue
+        used.add(path)
+        todo.extend(_variable_refs(_variable_at(variables, path)) - used)
+    return used
+
+
+def check_variable_overrides(cfg: dict[str, Any], overrides: Sequence[str], problems: list[Problem]) -> None:
+    """A command-line override of ``variables.<path>`` that no value of the recipe references is an error
+    (the user believes it changes the run; it changes nothing). Unused definitions in files stay fine."""
+    used = used_variables(cfg)
+    for ov in overrides:
+        if ov.startswith("~") or "=" not in ov:
+            continue
+        key = ov.partition("=")[0].lstrip("+").strip()
+        if not key.startswith("variables."):
+            continue
+        path = key[len("variables."):]
+        if any(u == path or u.startswith(path + ".") or path.startswith(u + ".") for u in used):
+            continue
+        known = ", ".join(f"variables.{u}" for u in sorted(used)) or "none"
+        problems.append(Problem(f"command-line override '{ov}'", key,
+                                f"no value of this recipe uses {key}, so the override would change nothing. "
+                                f"The variables this recipe uses: {known}. Override one of those, or the key "
+                                f"itself (e.g. stages.0.trainer.max_steps=8)"))
+
+
 def resolve_interpolations(cfg: dict[str, Any], problems: list[Problem], origins: _Origins) -> dict[str, Any]:
     """Resolve ``${...}`` interpolations key by key, reporting each one that fails."""
     from omegaconf import OmegaConf
@@ -269,6 +333,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = (), *, check_plugin
     if problems:
         raise ConfigError(problems)
     raw = apply_overrides(raw, overrides, problems, origins)
+    check_variable_overrides(raw, overrides, problems)
     resolved = resolve_interpolations(raw, problems, origins)
     if isinstance(resolved.get("imports"), list):
         _import_extra(resolved["imports"], problems, origins)

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The environment a run measured in: package versions, the code version (git), hardware, plugin sources.
+"""The environment a run measured in: package versions, the code version (a hash of the sources
+that compute a result), git provenance, hardware, plugin sources.
 
 :func:`code_version` is part of every evaluation group's cache key, so timings of different code are never
 mixed; :func:`env_params` and :func:`plugin_params` are logged as MLflow params of every recipe run.
@@ -12,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["env_params", "code_version", "plugin_params", "hardware", "PACKAGES"]
+__all__ = ["env_params", "code_version", "source_hash", "git_info", "plugin_params", "hardware", "PACKAGES"]
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +25,8 @@ def env_params() -> dict[str, str]:
 
     * ``env.pkg.<dist>``: specmoe, torch, transformers, lightning, torchmetrics, mlflow, triton (when
       installed); the plugins a recipe uses are recorded by :func:`plugin_params`;
-    * ``env.git.sha`` / ``env.git.dirty`` / ``env.git.diff``: of the repository holding the specmoe sources,
-      if any (:func:`code_version`);
+    * ``env.git.sha`` / ``env.git.dirty``: of the repository holding the specmoe sources, if any
+      (:func:`git_info`); ``env.code.source``: the hash of the specmoe sources (:func:`code_version`);
     * ``env.hw.*``: CPU model and cores, GPU names and memory (only when torch is importable and CUDA is
       available), python version.
     """
@@ -38,10 +39,9 @@ def env_params() -> dict[str, str]:
             out[f"env.pkg.{name}"] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    code = code_version()
-    for key in ("git_sha", "dirty", "diff"):
-        if key in code:
-            out[f"env.git.{key.replace('git_', '')}"] = str(code[key]).lower()
+    for key, value in git_info().items():
+        out[f"env.git.{key.replace('git_', '')}"] = str(value).lower()
+    out["env.code.source"] = code_version()["source"]
     out.update(hardware())
     return out
 
@@ -56,45 +56,103 @@ def _git(args: list[str], cwd: Path) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def code_version() -> dict[str, Any]:
-    """The code that runs: ``{"specmoe": version, "git_sha", "dirty", "diff"}``.
+#: file endings that make up a package's code (compiled caches and data files a run writes are not code)
+CODE_SUFFIXES = (".py", ".pyi", ".json", ".yaml", ".yml", ".toml", ".cfg", ".txt", ".c", ".cpp", ".cu", ".h")
 
-    ``git_sha`` / ``dirty`` come from the git repository holding the specmoe sources (absent for an
-    installed wheel); ``diff`` is a hash of the uncommitted changes to tracked files, so two different dirty
-    trees of one commit are told apart.
+
+def source_hash(root: Path | str) -> str:
+    """A hash of the code under ``root`` (a package directory, or one module file): every file with a
+    :data:`CODE_SUFFIXES` ending, by relative path and content; ``__pycache__`` and hidden folders are skipped.
+
+    It changes when a source file of the package changes, and only then: files elsewhere in a checkout
+    (recipes, notebooks, an MLflow store, a lock) are not part of it.
+    """
+    import hashlib
+
+    root = Path(root)
+    if root.is_file():
+        return hashlib.sha256(root.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if any(part == "__pycache__" or part.startswith(".") for part in rel.parts):
+            continue
+        if path.is_file() and path.suffix in CODE_SUFFIXES:
+            digest.update(rel.as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def _package_root(module_name: str) -> Path | None:
+    """The directory of ``module_name``'s top-level package (or its file for a lone module), if importable."""
+    import importlib
+    import sys
+
+    top = module_name.partition(".")[0]
+    try:
+        mod = sys.modules.get(top) or importlib.import_module(top)
+    except Exception:  # noqa: BLE001 - provenance never fails a run
+        return None
+    file = getattr(mod, "__file__", None)
+    if file is None:
+        paths = list(getattr(mod, "__path__", []) or [])
+        return Path(paths[0]) if paths else None
+    path = Path(file).resolve()
+    return path.parent if path.name == "__init__.py" else path
+
+
+def code_version(components: Iterable[Any] = ()) -> dict[str, Any]:
+    """The code that computes a result: ``{"specmoe": version, "source": hash, "plugins": {package: hash}}``.
+
+    ``source`` is :func:`source_hash` of the installed ``specmoe`` package; ``plugins`` holds the same hash of
+    the top-level package of every plugin the :class:`~specmoe.config.schema.Component` s in ``components``
+    name (``specmoe_plugins`` for the built-ins, a third party's package, or a recipe's ``imports:`` file). It
+    is part of every evaluation group's cache key: editing ``decoding/engine.py`` or a selector changes it;
+    adding a recipe, a notebook or an MLflow store to a checkout, or any other file outside those packages,
+    does not. Git facts (commit, dirty) are provenance only (:func:`git_info`, logged by :func:`env_params`).
     """
     from importlib import metadata
 
     import specmoe
-    from specmoe.utils.hashing import stable_hash
 
     try:
         out: dict[str, Any] = {"specmoe": metadata.version("specmoe")}
     except metadata.PackageNotFoundError:
         out = {"specmoe": getattr(specmoe, "__version__", "unknown")}
-    src = Path(specmoe.__file__).resolve().parent
-    sha = _git(["rev-parse", "HEAD"], src)
-    if sha is None:
-        return out
-    out["git_sha"] = sha.strip()
-    root = Path((_git(["rev-parse", "--show-toplevel"], src) or str(src)).strip())
-    diff = _git(["diff", "HEAD", "--no-ext-diff", "--binary"], root) or ""
-    untracked = [f for f in (_git(["ls-files", "--others", "--exclude-standard", "-z"], root) or "").split("\0") if f]
-    out["dirty"] = bool(diff.strip() or untracked)
-    if out["dirty"]:
-        out["diff"] = stable_hash([diff, [[f, _small_file_hash(root / f)] for f in sorted(untracked)]], 12)
+    out["source"] = source_hash(Path(specmoe.__file__).resolve().parent)
+    plugins: dict[str, str] = {}
+    for comp in components:
+        root = _component_root(comp) if comp is not None else None
+        if root is not None and root.name not in plugins:
+            plugins[root.name] = source_hash(root)
+    if plugins:
+        out["plugins"] = dict(sorted(plugins.items()))
     return out
 
 
-def _small_file_hash(path: Path, limit: int = 1 << 20) -> str:
-    """A hash of a file's bytes (of its size only when larger than ``limit``)."""
-    import hashlib
+def _component_root(comp: Any) -> Path | None:
+    """Where the code of the plugin a component names lives (see :func:`code_version`)."""
+    from specmoe.registry import registry_for
 
     try:
-        size = path.stat().st_size
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:12] if size <= limit else f"size:{size}"
-    except OSError:
-        return "unreadable"
+        cls = registry_for(comp.kind).get(comp.name)
+    except Exception as exc:  # noqa: BLE001 - a bad name is reported by validation, not here
+        logger.debug("no plugin class for %s %s: %s", comp.kind, comp.name, exc)
+        return None
+    return _package_root(getattr(cls, "__module__", "") or "")
+
+
+def git_info() -> dict[str, Any]:
+    """``{"git_sha", "dirty"}`` of the repository holding the specmoe sources (empty for an installed wheel):
+    provenance logged with a run, never part of a cache key."""
+    import specmoe
+
+    src = Path(specmoe.__file__).resolve().parent
+    sha = _git(["rev-parse", "HEAD"], src)
+    if sha is None:
+        return {}
+    status = _git(["status", "--porcelain", "--untracked-files=no"], src) or ""
+    return {"git_sha": sha.strip(), "dirty": bool(status.strip())}
 
 
 def plugin_params(components: Iterable[Any]) -> dict[str, str]:
