@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """EAGLE-3 checkpoint format: the released layout loads and saves unchanged, spelling variants load, broken
-checkpoints fail with the offending keys listed, and the d2t / t2d maps are consistent."""
+checkpoints fail with the offending keys listed, the d2t / t2d maps are consistent, aux layer ids are the
+serving engines' distinct hidden-state boundaries, and old exports (repeated output-of-layer ids) read as
+trained and rewrite to the same function."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specmoe.errors import UserError
-from specmoe_plugins.drafters.eagle3.checkpoint import load_eagle3, save_eagle3
-from specmoe_plugins.drafters.eagle3.model import Eagle3Config, capture_indices
+from specmoe_plugins.drafters.eagle3.checkpoint import load_eagle3, main, rewrite_eagle3, save_eagle3
+from specmoe_plugins.drafters.eagle3.model import Eagle3Config, capture_indices, default_aux_layer_ids
 from specmoe_plugins.drafters.eagle3.vocab_map import build_vocab_map, check_vocab_map, token_counts
 
 V, VD, H, HEADS, KV, HD, FF = 96, 40, 32, 4, 2, 16, 48
@@ -161,13 +163,133 @@ def test_draft_ids_map_to_target_ids(tmp_path, embed):
     assert bool((t2d_index[~w["t2d"]] == -1).all())
 
 
-def test_capture_layers_follow_sglang():
-    assert capture_indices([1, 17, 33], 36) == [2, 18, 34]  # lmsys gpt-oss-120b draft
-    assert capture_indices([1, 46, 90], 94) == [2, 47, 91]  # lmsys Qwen3-235B draft
-    assert capture_indices(None, 36) == [2, 18, 33]  # SGLang default [2, L//2, L-3]
-    assert capture_indices([33, 1, 17], 36) == [2, 18, 34]  # concatenated in layer order
+def test_capture_layers_follow_the_serving_engines():
+    """Ids are hidden-state boundaries, captured as they are (vLLM's ``aux_hidden_state_layers``)."""
+    assert capture_indices([1, 17, 33], 36) == [1, 17, 33]  # lmsys gpt-oss-120b draft, as vLLM reads it
+    assert capture_indices([1, 46, 90], 94) == [1, 46, 90]  # lmsys Qwen3-235B draft
+    assert capture_indices(None, 36) == [2, 18, 33]  # the engines' default [2, L//2, L-3]
+    assert capture_indices([33, 1, 17], 36) == [1, 17, 33]  # concatenated in layer order
+    with pytest.raises(UserError, match=r"\[1, 17, 33\]: \[17, 33\] outside 0..4"):
+        capture_indices([1, 17, 33], 4)
     cfg = Eagle3Config.from_dict(released_config())
     assert cfg.fused_size == 3 * H and cfg.head_dim == HD
+    two = Eagle3Config.from_dict({**released_config(), "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}})
+    assert two.fused_size == 2 * H  # vLLM sizes fc by the number of ids
+
+
+@pytest.mark.parametrize("layers", list(range(1, 41)) + [61, 94])
+def test_default_aux_layers_are_distinct_inner_boundaries(layers):
+    ids = default_aux_layer_ids(layers)
+    assert len(set(ids)) == len(ids) == min(3, layers), ids
+    assert ids == sorted(ids) and all(0 <= i < layers for i in ids), ids  # never L (normed in transformers)
+    if layers >= 7:
+        assert ids == [2, layers // 2, layers - 3]
+    if layers >= 4:
+        assert ids[0] >= 1  # the embeddings only where fewer than three inner boundaries exist
+
+
+def test_init_and_export_of_a_four_layer_target_write_distinct_ids(make_target, tmp_path):
+    """The demo's 4-layer GPT-OSS target: three distinct boundaries [1, 2, 3] (not the [0, 1, 1] of before),
+    an fc of three chunks, and the drafter captures exactly those hidden states."""
+    from specmoe.registry import drafters
+    from specmoe_plugins.drafters.eagle3.drafter import init_config
+    from specmoe_plugins.drafters.eagle3.model import Eagle3Model
+
+    target = make_target("gpt_oss")
+    assert target.num_hidden_layers == 4
+    cfg = init_config(target)
+    assert cfg.aux_layer_ids == [1, 2, 3] and cfg.fused_size == 3 * target.hidden_size
+    save_eagle3(Eagle3Model(cfg), tmp_path / "d")
+    written = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert written["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    drafter = drafters.get("eagle3")(path=str(tmp_path / "d"))
+    drafter.setup(target)
+    assert drafter.feature_layers == [1, 2, 3]
+
+
+def _legacy_export(path, fc: torch.Tensor, ids: list[int], summary: dict | None = None, seed: int = 0):
+    """A draft as specmoe exported it before: SGLang-style output-of-layer ids, one fc chunk per id."""
+    cfg = {**released_config(), "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}
+    write_ckpt(path, cfg, {**released_weights(seed), "fc.weight": fc})
+    if summary is not None:
+        (path / "summary.json").write_text(json.dumps(summary))
+
+
+def _hidden_states(n: int, seed: int = 5) -> list[torch.Tensor]:
+    """Stand-ins for the target's ``hidden_states[0..n]`` at a few positions."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 7, H, generator=g) for _ in range(n + 1)]
+
+
+def test_legacy_export_with_repeated_ids_reads_as_trained_and_rewrites_to_the_same_function(tmp_path, embed):
+    """The old 4-layer export ([0, 1, 1], fc of 3 chunks): read as boundaries [1, 2, 2] (the same numbers as
+    before: fc sees hidden_states 1, 2, 2), rewritten as [1, 2] with the twin blocks summed (the same function
+    up to rounding), loadable and unchanged by a second rewrite."""
+    g = torch.Generator().manual_seed(11)
+    fc = torch.randn(H, 3 * H, generator=g) * 0.1
+    _legacy_export(tmp_path / "old", fc, [0, 1, 1])
+    hs = _hidden_states(4)
+    old = load_eagle3(str(tmp_path / "old"), embed=embed)
+    assert old.config.aux_layer_ids == [1, 2, 2]
+    layers = capture_indices(old.config.aux_layer_ids, 4)
+    assert layers == [1, 2, 2]
+    with torch.no_grad():
+        before = torch.nn.functional.linear(torch.cat([hs[1], hs[2], hs[2]], -1), fc)  # what old code computed
+        assert torch.equal(old.project(torch.cat([hs[i] for i in layers], -1)), before)
+
+    assert main([str(tmp_path / "old"), str(tmp_path / "new")]) == 0
+    cfg = json.loads((tmp_path / "new" / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2]
+    new = load_eagle3(str(tmp_path / "new"), embed=embed)
+    assert new.config.aux_layer_ids == [1, 2] and tuple(new.fc.weight.shape) == (H, 2 * H)
+    with torch.no_grad():
+        after = new.project(torch.cat([hs[i] for i in capture_indices([1, 2], 4)], -1))
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+    sd_old, sd_new = old.state_dict(), new.state_dict()
+    assert all(torch.equal(sd_old[k], sd_new[k]) for k in sd_old if k != "fc.weight")  # only fc changed
+
+    rewrite_eagle3(tmp_path / "new")  # in place: already in the serving convention, nothing moves
+    again = load_file(str(tmp_path / "new" / "model.safetensors"))
+    assert torch.equal(again["fc.weight"], new.fc.weight)
+    assert json.loads((tmp_path / "new" / "config.json").read_text()) == cfg
+
+
+def test_saving_a_legacy_draft_folds_it(tmp_path, embed):
+    """A draft loaded from an old export (e.g. ``init_from`` of a training stage) is saved servable."""
+    _legacy_export(tmp_path / "old", torch.randn(H, 3 * H, generator=torch.Generator().manual_seed(2)), [0, 1, 1])
+    old = load_eagle3(str(tmp_path / "old"), embed=embed)
+    save_eagle3(old, tmp_path / "saved")
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["eagle_config"] == {
+        "eagle_aux_hidden_state_layer_ids": [1, 2]}
+    assert tuple(load_file(str(tmp_path / "saved" / "model.safetensors"))["fc.weight"].shape) == (H, 2 * H)
+
+
+def test_legacy_ids_recognised_from_the_stage_summary(tmp_path, embed):
+    """Distinct old-style ids are told apart by the training stage's summary.json (feature_layers = ids + 1);
+    without it they read as boundaries (as vLLM would), and the flag forces either reading."""
+    fc = torch.randn(H, 3 * H, generator=torch.Generator().manual_seed(3))
+    _legacy_export(tmp_path / "stage", fc, [0, 1, 2], summary={"steps": 10, "feature_layers": [1, 2, 3]})
+    _legacy_export(tmp_path / "bare", fc, [0, 1, 2])
+    _legacy_export(tmp_path / "fresh", fc, [1, 2, 3], summary={"feature_layers": [1, 2, 3]})
+    assert load_eagle3(str(tmp_path / "stage"), embed=embed).config.aux_layer_ids == [1, 2, 3]
+    assert load_eagle3(str(tmp_path / "bare"), embed=embed).config.aux_layer_ids == [0, 1, 2]
+    assert load_eagle3(str(tmp_path / "fresh"), embed=embed).config.aux_layer_ids == [1, 2, 3]
+    out = rewrite_eagle3(tmp_path / "bare", tmp_path / "bare_fixed", legacy=True)
+    assert json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        1, 2, 3]
+    assert torch.equal(load_file(str(out / "model.safetensors"))["fc.weight"], fc)  # distinct: fc unchanged
+
+
+def test_rewrite_errors_are_one_clear_message(tmp_path, capsys):
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+    _legacy_export(tmp_path / "bin", torch.zeros(H, 3 * H), [0, 1, 1])
+    sd = load_file(str(tmp_path / "bin" / "model.safetensors"))
+    (tmp_path / "bin" / "model.safetensors").unlink()
+    torch.save(sd, tmp_path / "bin" / "pytorch_model.bin")
+    assert main([str(tmp_path / "bin")]) == 2  # in place would leave the .bin beside the new weights
+    assert "rewrite it into another directory" in capsys.readouterr().err
+    assert main([str(tmp_path / "bin"), str(tmp_path / "bin_out")]) == 0
 
 
 def test_draft_for_another_vocabulary_names_the_real_mismatch(tmp_path, embed):

@@ -13,6 +13,20 @@ lists them all.
 
 Saved directories use exactly the released layout (``config.json`` + ``model.safetensors``) so SGLang and vLLM
 serve them; ``embed_tokens`` is written only on request (the serving engines share the target's).
+
+**Aux layer ids.** ``eagle_config.eagle_aux_hidden_state_layer_ids`` are written and read in the convention
+the serving engines read: hidden-state boundary indices (``k`` = the output of the first ``k`` target layers,
+0 = the embeddings), distinct, one per ``fc`` chunk in layer order. vLLM captures exactly these
+(``_maybe_add_hidden_state`` after each layer of its GPT-OSS / Llama / Qwen models, ids de-duplicated and
+sorted, ``fc`` sized by their count), and so does SGLang's GPT-OSS model; SGLang's other models shift ids
+that start at 1 by one (they name layer outputs). Drafts exported by specmoe before this convention wrote
+SGLang-style output-of-layer ids (``k - 1``), duplicated for shallow targets (``[0, 1, 1]`` on a 4-layer
+target, with an ``fc`` of three chunks): :func:`read_config` recognises them (repeated ids, or a
+``summary.json`` of the training stage whose ``feature_layers`` are the ids plus one) and reads them as they
+were trained, and :func:`rewrite_eagle3` rewrites them in the serving convention, folding the ``fc`` blocks
+that see the same hidden state into one (their sum: the same function)::
+
+    python -m specmoe_plugins.drafters.eagle3.checkpoint OLD_DIR [NEW_DIR] [--legacy-ids | --no-legacy-ids]
 """
 
 from __future__ import annotations
@@ -31,6 +45,9 @@ from specmoe_plugins.drafters.eagle3.vocab_map import check_vocab_map
 
 __all__ = [
     "REQUIRED_SERVING_KEYS",
+    "fold_repeated_features",
+    "legacy_aux_ids",
+    "rewrite_eagle3",
     "check_target_fit",
     "WEIGHTS_NAME",
     "load_eagle3",
@@ -74,14 +91,66 @@ def resolve_checkpoint(path: str, revision: Optional[str] = None, local_files_on
                         f"download it and pass the local directory") from exc
 
 
-def read_config(ckpt: Path) -> Eagle3Config:
-    """Parse ``ckpt/config.json``."""
+def legacy_aux_ids(ckpt: Path, ids: Optional[list[int]]) -> bool:
+    """Whether ``ids`` (the checkpoint's ``eagle_aux_hidden_state_layer_ids``) are in the output-of-layer
+    convention of specmoe's earlier exports: repeated ids (never written in the serving convention), or a
+    training-stage ``summary.json`` beside the draft recording ``feature_layers`` = ids + 1."""
+    if not ids:
+        return False
+    if len(set(ids)) < len(ids):
+        return True
+    summary = Path(ckpt) / "summary.json"
+    try:
+        layers = json.loads(summary.read_text()).get("feature_layers") if summary.is_file() else None
+    except (OSError, json.JSONDecodeError, AttributeError):
+        layers = None
+    return isinstance(layers, list) and sorted(layers) == sorted(i + 1 for i in ids) != sorted(ids)
+
+
+def read_config(ckpt: Path, legacy: Optional[bool] = None) -> Eagle3Config:
+    """Parse ``ckpt/config.json``; its aux layer ids become hidden-state boundaries (see the module docstring).
+
+    Args:
+        legacy: the ids are output-of-layer ids of an earlier specmoe export (None: :func:`legacy_aux_ids`
+            decides).
+    """
     f = Path(ckpt) / "config.json"
     try:
         d = json.loads(f.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {f}: {exc}") from exc
-    return Eagle3Config.from_dict(d, where=str(f))
+    cfg = Eagle3Config.from_dict(d, where=str(f))
+    ids = cfg.aux_layer_ids
+    if ids and (legacy if legacy is not None else legacy_aux_ids(Path(ckpt), ids)):
+        boundaries = sorted(i + 1 for i in ids)
+        logger.info("EAGLE-3 draft %s: aux layer ids %s were written as layer outputs (earlier specmoe "
+                    "export); reading them as hidden-state boundaries %s", ckpt, ids, boundaries)
+        cfg = cfg.replace(aux_layer_ids=boundaries)
+    return cfg
+
+
+def fold_repeated_features(ids: list[int], fc: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Merge the ``fc`` chunks that read the same hidden state.
+
+    Args:
+        ids: the hidden-state index each chunk of ``fc`` reads, in chunk order (may repeat).
+        fc: ``[H, len(ids) * H_t]``.
+
+    Returns:
+        ``(distinct sorted ids, fc' [H, len(distinct) * H_t])`` with ``fc'`` chunk ``j`` the sum of the chunks
+        reading ``distinct[j]`` (summed in float32), so ``fc(cat(h[ids])) == fc'(cat(h[distinct]))`` up to
+        rounding.
+    """
+    k = len(ids)
+    if k == 0 or fc.shape[1] % k:
+        raise UserError(f"EAGLE-3 fc.weight {tuple(fc.shape)} does not split into {k} aux-layer chunks")
+    width = fc.shape[1] // k
+    distinct = sorted(set(ids))
+    blocks = fc.reshape(fc.shape[0], k, width).float()
+    out = torch.zeros(fc.shape[0], len(distinct), width, dtype=torch.float32)
+    for j, i in enumerate(ids):
+        out[:, distinct.index(i)] += blocks[:, j]
+    return distinct, out.reshape(fc.shape[0], len(distinct) * width).to(fc.dtype).contiguous()
 
 
 def read_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -239,10 +308,7 @@ def save_eagle3(model: Eagle3Model, out_dir: str | Path, *, save_embed_tokens: b
         dtype: floating-point dtype of the written weights (default: the model's); recorded as
             ``torch_dtype``.
     """
-    from safetensors.torch import save_file
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     sd = {}
     for k, t in model.state_dict().items():
         if k == "embed_tokens.weight" and not save_embed_tokens:
@@ -252,8 +318,75 @@ def save_eagle3(model: Eagle3Model, out_dir: str | Path, *, save_embed_tokens: b
             t = t.to(dtype)
         sd[k] = t.contiguous()
     wdt = dtype or model.fc.weight.dtype
-    cfg = model.config.replace(torch_dtype=str(wdt).replace("torch.", ""))
+    return _write(model.config.replace(torch_dtype=str(wdt).replace("torch.", "")), sd, Path(out_dir))
+
+
+def _write(cfg: Eagle3Config, sd: dict[str, torch.Tensor], out: Path) -> Path:
+    """Write ``cfg`` + ``sd`` with distinct aux ids (repeated ones folded: :func:`fold_repeated_features`)."""
+    from safetensors.torch import save_file
+
+    ids = cfg.aux_layer_ids
+    if ids and len(set(ids)) < len(ids):
+        ids, sd["fc.weight"] = fold_repeated_features(sorted(ids), sd["fc.weight"])
+        cfg = cfg.replace(aux_layer_ids=ids)
+    out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / WEIGHTS_NAME) as tmp:
         save_file(sd, str(tmp), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     return out
+
+
+def rewrite_eagle3(src: str | Path, dst: Optional[str | Path] = None, legacy: Optional[bool] = None) -> Path:
+    """Rewrite a draft in the serving engines' convention: aux ids as distinct hidden-state boundaries, the
+    ``fc`` chunks of repeated ids folded, weights in the released names (``model.safetensors``), their dtypes
+    kept. Other keys of config.json are kept.
+
+    Args:
+        dst: the output directory (default: ``src`` itself, when its weights are one ``model.safetensors``).
+        legacy: the ids are output-of-layer ids of an earlier specmoe export (None: detected,
+            :func:`legacy_aux_ids`; pass True for such an export whose ids are distinct and that lost its
+            ``summary.json``).
+    """
+    ckpt = Path(src).expanduser()
+    if not (ckpt / "config.json").is_file():
+        raise UserError(f"EAGLE-3 checkpoint '{src}' has no config.json: point it at a draft directory")
+    out = ckpt if dst is None else Path(dst).expanduser()
+    files = sorted(p.name for p in ckpt.iterdir() if p.suffix in (".safetensors", ".bin"))
+    if out.resolve() == ckpt.resolve() and files != [WEIGHTS_NAME]:
+        raise UserError(f"EAGLE-3 checkpoint {ckpt} keeps its weights in {files}: rewrite it into another "
+                        f"directory (give a destination)")
+    cfg = read_config(ckpt, legacy)
+    sd = {k: t.contiguous() for k, t in normalize_keys(read_state_dict(ckpt)).items()}
+    if "fc.weight" not in sd:
+        raise UserError(f"EAGLE-3 checkpoint {ckpt} has no fc.weight")
+    return _write(cfg, sd, out)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m specmoe_plugins.drafters.eagle3.checkpoint SRC [DST]``: :func:`rewrite_eagle3`."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m specmoe_plugins.drafters.eagle3.checkpoint",
+                                 description="Rewrite an EAGLE-3 draft with the aux layer ids vLLM and SGLang "
+                                             "read (distinct hidden-state boundaries, fc chunks folded).")
+    ap.add_argument("src", help="draft directory (config.json + weights)")
+    ap.add_argument("dst", nargs="?", help="output directory (default: rewrite SRC in place)")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--legacy-ids", dest="legacy", action="store_const", const=True,
+                       help="the ids are layer-output ids of an earlier specmoe export (default: detected)")
+    group.add_argument("--no-legacy-ids", dest="legacy", action="store_const", const=False,
+                       help="the ids are already hidden-state boundaries")
+    args = ap.parse_args(argv)
+    try:
+        out = rewrite_eagle3(args.src, args.dst, args.legacy)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ids = json.loads((out / "config.json").read_text()).get("eagle_config", {})
+    print(f"wrote {out} (eagle_aux_hidden_state_layer_ids {ids.get('eagle_aux_hidden_state_layer_ids')})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,8 +3,9 @@
 
 Loads the released EAGLE-3 format (``lmsys/EAGLE3-gpt-oss-120b-bf16``, ``lmsys/Qwen3-235B-A22B-EAGLE3``,
 SpecForge exports, drafts trained by ``train_eagle3`` / ``train_gto``) or builds an untrained draft shaped
-after the target (``init``). The target hidden states it needs are chosen by SGLang's convention from
-``eagle_config.eagle_aux_hidden_state_layer_ids`` (:func:`~specmoe_plugins.drafters.eagle3.model.capture_indices`).
+after the target (``init``). The target hidden states it needs are the boundaries named by
+``eagle_config.eagle_aux_hidden_state_layer_ids`` in the serving engines' convention
+(:func:`~specmoe_plugins.drafters.eagle3.model.capture_indices`).
 
 Per draft call: one draft forward over the newly committed tokens (paired with the target features before
 them; it also yields the root's distribution), then one forward per further tree level. The draft KV cache is
@@ -24,7 +25,12 @@ from specmoe.interfaces.drafter import Committed, Drafter
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.tree import DraftTree
 from specmoe.models import linear
-from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model, capture_indices
+from specmoe_plugins.drafters.eagle3.model import (
+    Eagle3Config,
+    Eagle3Model,
+    capture_indices,
+    default_aux_layer_ids,
+)
 from specmoe_plugins.drafters.eagle3.tree import TreeContext, draft_pool
 
 __all__ = ["Eagle3Drafter", "Eagle3State", "init_config"]
@@ -62,7 +68,7 @@ def init_config(target: Any, **overrides: Any) -> Eagle3Config:
         raise UserError(f"EAGLE-3 draft_vocab_size {kw['draft_vocab_size']} exceeds the target vocabulary "
                         f"{kw['vocab_size']}")
     if kw.get("aux_layer_ids") is None:
-        kw["aux_layer_ids"] = [i - 1 for i in capture_indices(None, target.num_hidden_layers)]
+        kw["aux_layer_ids"] = default_aux_layer_ids(target.num_hidden_layers)
     return Eagle3Config(**kw)
 
 
@@ -108,9 +114,18 @@ class Eagle3Drafter(Drafter):
         """``float32`` / ``bfloat16`` / ``float16``; default: the target's dtype."""
         revision: Optional[str] = None
         local_files_only: bool = False
+        frontier: Optional[int] = None
+        """nodes expanded per tree level (one draft forward over them each); default ``top_k`` (EAGLE-2/3's
+        pool: 10 nodes for 3 steps x top-2). ``1``: the best path is expanded, with the ``top_k`` children of
+        each of its nodes (7 nodes for 3 steps x top-2), drafted at a chain's cost (on a CPU a forward over two
+        rows costs about twice one); a selector with calibrated values still takes a runner-up where it is worth
+        more than the path's next node."""
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
+        if self.config.frontier is not None and self.config.frontier < 1:
+            raise UserError(f"drafter {self._name()}: frontier must be >= 1 (nodes expanded per tree level), got "
+                            f"{self.config.frontier}")
         if (self.config.path is None) == (self.config.init is None):
             raise UserError(f"drafter {self._name()}: set exactly one of 'path' (an EAGLE-3 checkpoint) and "
                             f"'init' (an untrained draft)")
@@ -230,4 +245,4 @@ class Eagle3Drafter(Drafter):
     def draft(self, state: Eagle3State, committed: Committed, steps: int, top_k: int) -> DraftTree:
         self._absorb(state, committed)
         return draft_pool(self.model, state.ctx, state.root, state.root_hidden, state.root_logp, state.root_pos,
-                          steps, top_k, prev_hidden=state.prev_hidden)
+                          steps, top_k, prev_hidden=state.prev_hidden, width=self.config.frontier)

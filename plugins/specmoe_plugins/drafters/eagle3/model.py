@@ -5,7 +5,7 @@ Module and parameter names are those of the released checkpoints (EAGLE ``cnets.
 ``LlamaForCausalLMEagle3``), so ``state_dict()`` *is* the checkpoint layout::
 
     embed_tokens.weight [V, H]      frozen; usually the target's own embedding
-    fc.weight [H, 3 * H_t]          fuses the three captured target hidden states
+    fc.weight [H, k * H_t]          fuses the k (usually 3) captured target hidden states
     midlayer.{hidden_norm, input_layernorm, post_attention_layernorm}.weight [H]
     midlayer.self_attn.{q,k,v}_proj.weight [*, 2H]   o_proj.weight [H, heads * head_dim]
     midlayer.mlp.{gate,up,down}_proj.weight
@@ -31,22 +31,54 @@ from torch import nn
 
 from specmoe.errors import UserError
 
-__all__ = ["ARCHITECTURE", "Eagle3Config", "Eagle3Model", "RMSNorm", "attend", "capture_indices"]
+__all__ = ["ARCHITECTURE", "Eagle3Config", "Eagle3Model", "RMSNorm", "attend", "capture_indices",
+           "default_aux_layer_ids"]
 
 #: architecture name written to config.json (SpecForge / SGLang / vLLM)
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
-def capture_indices(aux_layer_ids: Optional[list[int]], num_target_layers: int) -> list[int]:
-    """Target ``hidden_states`` indices (0 = embeddings, i + 1 = output of decoder layer i) to capture.
+def default_aux_layer_ids(num_target_layers: int) -> list[int]:
+    """Distinct hidden-state boundaries to fuse for a target of ``num_target_layers`` (L) decoder layers.
 
-    SGLang's convention: ``eagle_aux_hidden_state_layer_ids`` are "output of layer" ids, captured as the
-    input of layer ``id + 1``; without them the inputs of layers ``[2, L // 2, L - 3]``. Captures are
-    concatenated in layer order (as the serving engines collect them while walking the layers).
+    The serving engines' default ``[2, L // 2, L - 3]`` (EAGLE, vLLM, SGLang) where those are distinct
+    (``L >= 7``); for shallower targets, where it repeats a layer (``[2, 2, 1]`` for 4 layers), three
+    boundaries spread evenly over the inputs of layers ``1 .. L - 1`` (``[1, 2, 3]`` for 4 layers, ``[1, 3, 5]``
+    for 6), or ``0 .. L - 1`` (the embeddings included: ``[0, 1, 2]`` for 3 layers; fewer than three for
+    ``L < 3``). Boundary ``L`` (the last layer's output) is never chosen: the engines capture it before the
+    final norm, ``transformers``' ``hidden_states[L]`` after it.
     """
     n = int(num_target_layers)
-    idx = [i + 1 for i in aux_layer_ids] if aux_layer_ids else [2, n // 2, n - 3]
-    return sorted(min(max(i, 0), n) for i in idx)
+    engines = [2, n // 2, n - 3]
+    if 0 < engines[0] < engines[1] < engines[2] < n:
+        return engines
+    pool = list(range(1, n)) if n >= 4 else list(range(0, max(n, 1)))
+    if len(pool) <= 3:
+        return pool
+    return [pool[round(j * (len(pool) - 1) / 2)] for j in range(3)]
+
+
+def capture_indices(aux_layer_ids: Optional[list[int]], num_target_layers: int) -> list[int]:
+    """Target ``hidden_states`` indices (0 = embeddings, ``k`` = output of the first ``k`` decoder layers, i.e.
+    the input of layer ``k``) feeding ``fc``, one per fc chunk, in chunk order.
+
+    ``eagle_aux_hidden_state_layer_ids`` are read in the serving engines' convention: hidden-state boundary
+    indices, captured as they are (vLLM's ``aux_hidden_state_layers``, every model; SGLang's GPT-OSS).
+    Captures are concatenated in layer order, as the engines collect them while walking the layers.
+    Without ids: the engines' default ``[2, L // 2, L - 3]`` (three fc chunks, as a released draft without
+    ids has). Repeated ids occur only in drafts exported before this convention (read by
+    :func:`~specmoe_plugins.drafters.eagle3.checkpoint.read_config`); their fc chunks then read the same
+    hidden state, as they were trained.
+    """
+    n = int(num_target_layers)
+    if aux_layer_ids is None:
+        return sorted(min(max(i, 0), n) for i in (2, n // 2, n - 3))
+    bad = [int(i) for i in aux_layer_ids if not 0 <= int(i) <= n]
+    if bad:
+        raise UserError(f"EAGLE-3 draft eagle_aux_hidden_state_layer_ids {list(aux_layer_ids)}: {bad} outside "
+                        f"0..{n} (hidden-state boundaries of this {n}-layer target: 0 = embeddings, {n} = the "
+                        f"last layer's output). Use a draft trained for this target.")
+    return sorted(int(i) for i in aux_layer_ids)
 
 
 @dataclass
@@ -68,7 +100,8 @@ class Eagle3Config:
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict[str, Any]] = None
     aux_layer_ids: Optional[list[int]] = None
-    """``eagle_config.eagle_aux_hidden_state_layer_ids`` (None: the serving engines' default)."""
+    """``eagle_config.eagle_aux_hidden_state_layer_ids``: the target hidden-state boundaries fused by ``fc``, one
+    per chunk (:func:`capture_indices`; None: the serving engines' default)."""
     attention_bias: bool = False
     mlp_bias: bool = False
     norm_before_residual: bool = False
@@ -83,8 +116,9 @@ class Eagle3Config:
 
     @property
     def fused_size(self) -> int:
-        """Width of the captured target features (3 x the target hidden size)."""
-        return 3 * (self.target_hidden_size or self.hidden_size)
+        """Width of the captured target features: one target hidden size per aux layer id (3 without ids)."""
+        chunks = len(self.aux_layer_ids) if self.aux_layer_ids else 3
+        return chunks * (self.target_hidden_size or self.hidden_size)
 
     # ------------------------------------------------------------------ config.json
     @classmethod
@@ -275,7 +309,8 @@ class Eagle3Model(nn.Module):
 
     # ------------------------------------------------------------------ pieces of one step
     def project(self, features: torch.Tensor) -> torch.Tensor:
-        """``[..., 3 H_t]`` target features -> ``[..., H]`` step-0 hidden (``fc``); ``[..., H]`` passes."""
+        """``[..., k H_t]`` target features (k aux layers) -> ``[..., H]`` step-0 hidden (``fc``); ``[..., H]``
+        passes."""
         if features.shape[-1] == self.config.hidden_size:
             return features
         return self.fc(features.to(self.fc.weight.dtype))

@@ -96,8 +96,9 @@ class TrainEagle3(Stage):
         draft_vocab_size: int = 32000
         """draft vocabulary (capped at the target's); the most frequent response tokens."""
         aux_layer_ids: Optional[list[int]] = None
-        """target layers whose outputs are fused (``eagle_aux_hidden_state_layer_ids``); default
-        ``[1, L//2 - 1, L - 4]`` (SGLang / SpecForge)."""
+        """target hidden-state boundaries fused by the draft (``eagle_aux_hidden_state_layer_ids``, as vLLM reads
+        them: ``k`` = output of the first ``k`` layers); default ``[2, L//2, L - 3]`` (the engines' default), or
+        three distinct boundaries spread over a shallower target (``[1, 2, 3]`` for 4 layers)."""
         init: dict[str, Any] = field(default_factory=dict)
         """overrides of the draft config shaped after the target (``intermediate_size``,
         ``num_attention_heads``...)."""
