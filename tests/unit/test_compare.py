@@ -423,3 +423,47 @@ def test_a_real_evaluation_prints_intervals_and_verdicts(tmp_path, monkeypatch):
         compare(f"sqlite:///{tmp_path}/mlflow.db", "intervals", verdict=["eco"])
     with pytest.raises(UserError, match="no cells of method 'nope'"):
         compare(f"sqlite:///{tmp_path}/mlflow.db", "intervals", verdict=["nope:ar"])
+
+
+def test_adaptive_table_with_the_cross_fitted_best_fixed_gamma():
+    """Cells with per-batch values (two datasets, 10 batches each, seeded): the adaptive table labels the
+    in-sample maximum as such, adds the cross-fitted best fixed γ (the value cross_fit_best gives on the same
+    batches, one choice for both datasets in the Average column) and the adaptive cells' intervals."""
+    import random
+
+    from specmoe.evaluation.stats import add_intervals, cross_fit_best
+
+    rng = random.Random(5)
+    speed = {("ar", 1): 1.0, ("eagle3", 2): 1.04, ("eagle3", 6): 1.06, ("goodput", 8): 1.08}
+    cells, tps = [], {}
+    for ds in ("gsm8k", "mt_bench"):
+        base = [rng.uniform(50, 150) for _ in range(10)]
+        group = []
+        for (method, g), s in speed.items():
+            vals = [b * s * rng.lognormvariate(0, 0.03) for b in base]
+            tps[(method, g, ds)] = vals
+            c = CellResult(method, ds, 0.0, g, 1, {"tokens_per_s": sum(vals) / 10}, autoregressive=method == "ar",
+                           adaptive=method == "goodput", key=f"group-{ds}", order=len(cells), prompt_batches=10,
+                           batches=[{"values": {"tokens_per_s": [v, 1.0]}} for v in vals])
+            group.append(c)
+        for c in group:
+            c.metrics["speedup"] = c.metrics["tokens_per_s"] / group[0].metrics["tokens_per_s"]
+        add_intervals(group, seed=0)
+        cells += group
+    text = render(build_tables(cells), "text")
+    block = next(b for b in text.split("\n\n") if b.startswith("Adaptive vs best fixed γ"))
+    assert block.splitlines()[0].endswith("speedup over AR — 95% intervals [lo, hi]")
+    rows = {ln.split("  ")[0]: [c.strip() for c in ln.split("  ")[1:] if c.strip()] for ln in block.splitlines()[3:]}
+    assert "best fixed γ (in-sample max)" in rows and "best fixed γ (cross-fitted)" in rows
+    fixed = [("eagle3", 2), ("eagle3", 6)]
+    want = cross_fit_best([[tps[(m, g, ds)] for m, g in fixed] for ds in ("gsm8k", "mt_bench")],
+                          [tps[("ar", 1, ds)] for ds in ("gsm8k", "mt_bench")])["cross_fitted"]
+    assert rows["best fixed γ (cross-fitted)"][2] == f"{want:.2f}x"
+    good = next(c for c in cells if c.method == "goodput" and c.dataset == "gsm8k")
+    lo, hi = good.intervals["speedup"]
+    assert rows["goodput@8"][0].startswith(f"{good.metrics['speedup']:.2f}x [{lo:.2f}, {hi:.2f}] (")
+    assert "best" in rows["goodput@8"][0] and "cross-fitted)" in rows["goodput@8"][0]
+    records = [r for t in build_tables(cells) for r in t.records if r.get("table") == "adaptive"]
+    first = next(r for r in records if r["dataset"] == "gsm8k")
+    assert first["verdict_vs_best_fixed"] in ("faster", "slower", "not resolved")
+    assert first["ratio_to_cross_fitted"] == pytest.approx(first["speedup"] / first["best_fixed_cross_fitted"])

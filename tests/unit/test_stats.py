@@ -114,3 +114,40 @@ def test_cross_fitted_best_fixed_gamma_is_unbiased():
     assert np.mean(in_sample) > 1.02
     assert abs(np.mean(crossed) - 1.0) < 0.01
     assert cross_fit_best([np.ones((2, 1))], [np.ones(1)]) is None  # one batch: no held-out fold
+
+
+def test_prompts_grow_until_the_margin_is_resolved_or_the_cap(make_target, tmp_path):
+    """``eval.prompts_for_margin`` in a real group (tiny target, AR + a draft-model method): a margin every
+    interval meets stops at the first size with an interval (MIN_BATCHES batches), one no interval meets
+    grows to ``max_prompts``; the prompts added are the dataset's next ones, none twice; no margin measures
+    the listed prompts only."""
+    from specmoe.config.schema import Component, MethodConfig
+    from specmoe.decoding.stopping import StopRule
+    from specmoe.evaluation.group import EvalGroup, Member
+    from specmoe.evaluation.method import Method
+    from specmoe.evaluation.stats import MIN_BATCHES
+    from specmoe.interfaces.dataset import Sample
+
+    target = make_target("qwen3_moe")
+    ar = Method(MethodConfig(name="ar"), target, lambda x: x)
+    sd = Method(MethodConfig(name="sd", drafter=Component("draft_model", {"share_target": True}, "drafter"),
+                             selector=Component("confidence", {}, "selector")), target, lambda x: x)
+    members = [Member("ar", 1, lambda: ar, autoregressive=True), Member("sd", 3, lambda: sd)]
+    pool = [Sample(str(i), ["q"]) for i in range(12)]
+
+    def group(name: str, margin: float | None, cap: int) -> list:
+        g = EvalGroup(tmp_path / name, members, [pool[3], pool[0]], dataset="d", temperature=0.0, batch_size=1,
+                      render=lambda s, turn, prev: [3 + int(s.id), 5, 7, 11], decode=str,
+                      decoding={"steps": 2, "top_k": 2, "stop": StopRule(4)}, warmup=0, seed=0,
+                      target_facts={"bytes_per_expert": 1, "bytes_per_expert_loaded": 1, "num_moe_layers": 1},
+                      margin=margin, max_prompts=cap, more=lambda: pool)
+        return g.run()
+
+    wide = {c.method: c for c in group("wide", 1000.0, 12)}
+    assert wide["ar"].prompt_batches == wide["sd"].prompt_batches == MIN_BATCHES
+    assert "speedup" in wide["sd"].intervals
+    assert [s["id"] for s in wide["sd"].per_sample] == ["3", "0", "1", "2", "4"]
+    narrow = {c.method: c for c in group("narrow", 1e-9, 9)}
+    assert narrow["sd"].prompt_batches == 9 and len({s["id"] for s in narrow["sd"].per_sample}) == 9
+    assert {c.prompt_batches for c in group("listed", None, 0)} == {2}
+    assert {c.prompt_batches for c in group("narrow", 1e-9, 9)} == {9}  # read back from the cache

@@ -118,6 +118,12 @@ class EvalConfig:
     """timed generations of every prompt batch per member (>= 1); a member's batch counts its fastest (see
     :mod:`specmoe.evaluation.group`)."""
     seed: int = 0
+    prompts_for_margin: Optional[float] = None
+    """grow each evaluation group's prompts (drawn from the dataset with the same seed) until every method's
+    speedup over AR has a 95 % interval of half-width <= this (0.02: ±2 %), or ``max_prompts``; null: the
+    dataset's prompts as listed (see :mod:`specmoe.evaluation.group`)."""
+    max_prompts: int = 128
+    """the cap of ``prompts_for_margin``: prompts per group at most."""
 
 
 @dataclass

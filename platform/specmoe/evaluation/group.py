@@ -17,6 +17,13 @@ round's seconds are kept in the record (``round_seconds``), and the cell reports
 Intervals: every cell gets confidence intervals on its speedup, tokens/s, α and E from one paired bootstrap
 over the group's prompt batches (:func:`specmoe.evaluation.stats.add_intervals`).
 
+Prompts for a margin (``eval.prompts_for_margin`` = m): after its listed prompts the group checks every
+method's speedup interval over AR and, while one is wider than ±m, measures more prompts of the dataset (the
+next ones of its seeded subset at ``eval.max_prompts``, in batches of the group's size), as many as the
+observed spread says resolve m (at most 4x per step), up to ``eval.max_prompts``. Each added batch is
+measured like the others (all members, rotated) and the decisions are recomputed from the stored batches on
+resumption, so a killed run makes the same ones.
+
 Resumption: each finished batch (all members) is stored in ``<dir>/batch-<i>.json``; a killed run redoes at
 most the batch in flight. ``<dir>/cells.json`` holds the finished group's cells.
 """
@@ -32,7 +39,7 @@ from typing import Any, Callable, Sequence
 from specmoe.errors import CellFailed
 from specmoe.evaluation.cell import build_cell, run_batch, warm_up
 from specmoe.evaluation.results import CellResult
-from specmoe.evaluation.stats import add_intervals
+from specmoe.evaluation.stats import MIN_BATCHES, add_intervals, batches_for_margin
 from specmoe.interfaces.dataset import Sample
 from specmoe.metrics import derive
 from specmoe.utils.files import atomic_write_json
@@ -76,12 +83,15 @@ class EvalGroup:
         target_facts: ``bytes_per_expert`` (stored precision), ``bytes_per_expert_loaded`` and
             ``num_moe_layers`` of the target.
         progress: a tqdm-like bar (``update(n)``).
+        margin, max_prompts, more: ``eval.prompts_for_margin`` (None: measure ``samples`` only),
+            ``eval.max_prompts`` and the dataset's further prompts (loaded on first need).
     """
 
     def __init__(self, directory: Path, members: Sequence[Member], samples: Sequence[Sample], *, dataset: str,
                  temperature: float, batch_size: int, render: Callable, decode: Callable, decoding: dict[str, Any],
                  warmup: int, seed: int, target_facts: dict[str, int], progress: Any = None,
-                 repeats: int = 1) -> None:
+                 repeats: int = 1, margin: float | None = None, max_prompts: int = 0,
+                 more: Callable[[], Sequence[Sample]] | None = None) -> None:
         self.dir = Path(directory)
         self.members = list(members)
         self.samples = list(samples)
@@ -91,14 +101,18 @@ class EvalGroup:
         self.facts = target_facts
         self.progress = progress
         self.repeats = max(int(repeats), 1)
+        self.margin, self.max_prompts, self.more = margin, int(max_prompts), more
+        bs = self.batch_size
+        self._plan = [self.samples[i:i + bs] for i in range(0, len(self.samples), bs)]
+        self._pool: list[Sample] | None = None
 
     @property
     def key(self) -> str:
         return self.dir.name
 
     def batches(self) -> list[list[Sample]]:
-        bs = self.batch_size
-        return [self.samples[i:i + bs] for i in range(0, len(self.samples), bs)]
+        """The prompt batches measured so far (the listed samples, then the ones growth added)."""
+        return self._plan
 
     def is_done(self) -> bool:
         return (self.dir / CELLS).is_file()
@@ -113,43 +127,92 @@ class EvalGroup:
         return self.dir / f"batch-{i:05d}.json"
 
     def run(self) -> list[CellResult]:
-        """The group's cells: read back when finished, else computed (resuming after the last stored batch)."""
+        """The group's cells: read back when finished, else computed (resuming after the last stored batch;
+        with ``margin``, growing the prompts until it is resolved or ``max_prompts``)."""
         if self.is_done():
             self._tick(self.generations())
             return self.load()
         self.dir.mkdir(parents=True, exist_ok=True)
-        batches = self.batches()
-        done = {i: json.loads(self._batch_file(i).read_text()) for i in range(len(batches))
-                if self._batch_file(i).is_file()}
-        if done:
+        stored = sum(self._batch_file(i).is_file() for i in range(len(self.batches())))
+        if stored:
             logger.info("evaluation group %s: %d of %d prompt batches already measured; continuing", self.key,
-                        len(done), len(batches))
-            self._tick(sum(len(batches[i]) for i in done) * len(self.members) * self.repeats)
+                        stored, len(self.batches()))
+        done: dict[int, dict[str, Any]] = {}
         warmed: set[str] = set()
-        n = len(self.members)
-        for i, batch in enumerate(batches):
-            if i in done:
-                continue
-            records: dict[str, dict[str, Any]] = {}
-            rounds: dict[str, list[float]] = {m.id: [] for m in self.members}
-            for r in range(self.repeats):
-                k = (i * self.repeats + r) % n
-                for m in self.members[k:] + self.members[:k]:  # rotated: nobody always runs first
-                    rec = self._run(m, batch, i, warmed)
-                    rounds[m.id].append(rec["seconds"])
-                    if m.id not in records or rec["seconds"] < records[m.id]["seconds"]:
-                        records[m.id] = rec
-                    self._tick(len(batch))
-            if self.repeats > 1:
-                for m_id, rec in records.items():
-                    rec["round_seconds"] = rounds[m_id]
-            atomic_write_json(self._batch_file(i), records)
-            done[i] = records
-        cells = self._cells([done[i] for i in range(len(batches))])
+        while True:
+            for i, batch in enumerate(self.batches()):
+                if i not in done:
+                    done[i] = self._measure(i, batch, warmed)
+            cells = self._cells([done[i] for i in range(len(self.batches()))])
+            if self.margin is None or not self._grow(cells):
+                break
         atomic_write_json(self.dir / CELLS, [c.to_json() for c in cells])
-        for i in range(len(batches)):
+        for i in range(len(self.batches())):
             self._batch_file(i).unlink(missing_ok=True)
         return cells
+
+    def _measure(self, i: int, batch: list[Sample], warmed: set[str]) -> dict[str, Any]:
+        """Batch ``i``: read back when stored, else every member on it (rotated), stored."""
+        path = self._batch_file(i)
+        if path.is_file():
+            self._tick(len(batch) * len(self.members) * self.repeats)
+            return json.loads(path.read_text())
+        n = len(self.members)
+        records: dict[str, dict[str, Any]] = {}
+        rounds: dict[str, list[float]] = {m.id: [] for m in self.members}
+        for r in range(self.repeats):
+            k = (i * self.repeats + r) % n
+            for m in self.members[k:] + self.members[:k]:  # rotated: nobody always runs first
+                rec = self._run(m, batch, i, warmed)
+                rounds[m.id].append(rec["seconds"])
+                if m.id not in records or rec["seconds"] < records[m.id]["seconds"]:
+                    records[m.id] = rec
+                self._tick(len(batch))
+        if self.repeats > 1:
+            for m_id, rec in records.items():
+                rec["round_seconds"] = rounds[m_id]
+        atomic_write_json(path, records)
+        return records
+
+    def _grow(self, cells: list[CellResult]) -> int:
+        """With ``margin``: add prompt batches (new prompts of the dataset, in batches of the group's size)
+        while some method's speedup interval over AR is wider than ±margin, up to ``max_prompts``; returns
+        the prompts added (0: resolved, capped or no prompts left). The size comes from the observed
+        spread (:func:`~specmoe.evaluation.stats.batches_for_margin`; at most 4x per step, as the first
+        estimate rests on few batches); a cell without an interval yet grows to
+        :data:`~specmoe.evaluation.stats.MIN_BATCHES` batches."""
+        n = len(self._plan)
+        have = sum(len(b) for b in self._plan)
+        need = n
+        for c in cells:
+            if c.autoregressive or c.analysis_only:
+                continue
+            bounds = c.intervals.get("speedup")
+            if bounds is None:
+                need = max(need, MIN_BATCHES, n + 1)
+            elif (bounds[1] - bounds[0]) / 2 > self.margin:
+                need = max(need, batches_for_margin(bounds[0], bounds[1], n, self.margin) or n + 1)
+        if need <= n or have >= self.max_prompts:
+            if need > n:
+                logger.info("evaluation group %s (%s T=%s bs=%d): ±%g not resolved at the cap of %d prompts",
+                            self.key, self.dataset, self.temperature, self.batch_size, self.margin, have)
+            return 0
+        if self._pool is None:
+            used = {s.id for b in self._plan for s in b}
+            self._pool = [s for s in (self.more() if self.more is not None else []) if s.id not in used]
+        take = min(self.max_prompts - have, (min(need, 4 * n) - n) * self.batch_size, len(self._pool))
+        extra, self._pool = self._pool[:take], self._pool[take:]
+        if not extra:
+            logger.info("evaluation group %s: ±%g not resolved with all %d prompts of %s", self.key, self.margin,
+                        have, self.dataset)
+            return 0
+        self._plan += [extra[i:i + self.batch_size] for i in range(0, len(extra), self.batch_size)]
+        if self.progress is not None and getattr(self.progress, "total", None) is not None:
+            self.progress.total += len(extra) * len(self.members) * self.repeats
+            self.progress.refresh()
+        logger.info("evaluation group %s (%s T=%s bs=%d): ±%g not resolved at %d prompts; measuring %d more",
+                    self.key, self.dataset, self.temperature, self.batch_size, self.margin, have, len(extra))
+        return len(extra)
 
     def generations(self) -> int:
         """Timed generations (prompt batches' samples x members x repeats) of the whole group."""

@@ -5,9 +5,10 @@ The grid is measured in groups (:mod:`specmoe.evaluation.group`): one group per 
 size) holds AR and every (method, γ), interleaved per prompt batch, so each speedup is against AR on the same
 prompts in the same run. A group is cached in ``<cache_dir>/eval/<key>/`` under a hash of everything that
 determines its numbers: the target, the dataset, the decoding settings, every member's components (stage
-references replaced by stage keys), the seed, the repeats, and the code that measures it (specmoe's version, git commit
-and a dirty flag with a hash of the uncommitted diff, and each plugin's distribution and version), so timings
-of different code are never mixed. One process at a time measures a group (a lock beside its directory).
+references replaced by stage keys), the seed, the repeats, ``eval.prompts_for_margin`` with its cap, and the
+code that measures it (specmoe's version, git commit and a dirty flag with a hash of the uncommitted diff, and
+each plugin's distribution and version), so timings of different code are never mixed. One process at a time
+measures a group (a lock beside its directory).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Callable
 
 from specmoe.config.schema import Component, MethodConfig, RunConfig
 from specmoe.decoding.stopping import StopRule
+from specmoe.errors import UserError
 from specmoe.evaluation.group import EvalGroup, Member
 from specmoe.evaluation.method import Method
 from specmoe.evaluation.results import CellResult
@@ -67,6 +69,13 @@ class Evaluator:
             methods.insert(0, MethodConfig(name=AR_METHOD))
         self.ar_cfg = next(m for m in methods if m.drafter is None)
         self.spec_cfgs = [m for m in methods if m.drafter is not None]
+        self.margin, self.max_prompts = cfg.eval.prompts_for_margin, cfg.eval.max_prompts
+        if self.margin is not None and not 0 < self.margin < 1:
+            raise UserError(f"eval.prompts_for_margin: {self.margin} is not a relative margin in (0, 1); "
+                            f"e.g. 0.02 for ±2 %, or null to measure the listed prompts only")
+        if self.margin is not None and self.max_prompts < 1:
+            raise UserError(f"eval.max_prompts: {self.max_prompts}; the cap of eval.prompts_for_margin must be "
+                            f">= 1 prompt")
 
     # ------------------------------------------------------------------ keys
     def _sig(self, comp: Component | None) -> Any:
@@ -98,7 +107,8 @@ class Evaluator:
                          "stop_strings": d.stop_strings, "ignore_eos": d.ignore_eos},
             "temperature": temperature, "batch_size": bsz, "seed": self.cfg.eval.seed,
             "warmup": self.cfg.eval.warmup, "members": members, "code": self.code, "v": 3,
-            **({"repeats": self.cfg.eval.repeats} if self.cfg.eval.repeats != 1 else {})})
+            **({"repeats": self.cfg.eval.repeats} if self.cfg.eval.repeats != 1 else {}),
+            **({"prompts_for_margin": self.margin, "max_prompts": self.max_prompts} if self.margin else {})})
 
     # ------------------------------------------------------------------ members
     def method(self, m: MethodConfig) -> Method:
@@ -149,8 +159,16 @@ class Evaluator:
                                          self.samples[ds.name], dataset=ds.name, temperature=temperature,
                                          batch_size=bsz, render=self.render, decode=self.decode,
                                          decoding=decoding, warmup=cfg.eval.warmup, seed=cfg.eval.seed,
-                                         target_facts=facts, progress=progress, repeats=cfg.eval.repeats))
+                                         target_facts=facts, progress=progress, repeats=cfg.eval.repeats,
+                                         margin=self.margin, max_prompts=self.max_prompts,
+                                         more=lambda ds=ds: self.more_samples(ds)))
         return out
+
+    def more_samples(self, ds: Component) -> list[Any]:
+        """The prompts ``eval.prompts_for_margin`` may add to ``ds``'s groups: its seeded subset at
+        ``eval.max_prompts`` (the dataset's options otherwise unchanged), in order; the group skips those
+        it already has."""
+        return ds.build(limit=self.max_prompts).load()
 
     def run(self) -> list[CellResult]:
         """Every group, in grid order; each group's cells AR first, then by γ and method."""
