@@ -159,3 +159,86 @@ def test_valid_input_still_lossless(engines, arch, kind):
                                                                               stop=stop).tokens
     if kind != "self_draft":  # the predictable target's drafts agree with it: the tree path is what is compared
         assert any(a >= 2 for s in out.steps for a in s.accepted), f"{arch} {kind}: no draft token accepted"
+
+
+# ---------------------------------------------------------------------- the Target / Drafter calls of plugins
+def _target_cases(b: int, n: int) -> dict[str, tuple]:
+    """name -> (forward arguments after input_ids, a regex the message must match), for ``input_ids [b, n]``."""
+    pos = torch.arange(n).expand(b, n)
+    ok = torch.ones(b, n, dtype=torch.bool)
+    return {
+        "kv_rows": (lambda t: (t.new_kv(b + 1), pos), rf"kv holds {b + 1} rows but input_ids has B = {b} .*"
+                                                     rf"target.new_kv\({b}\)"),
+        "positions_rows": (lambda t: (t.new_kv(b), torch.arange(n).expand(b + 1, n)),
+                           rf"positions is \({b + 1}, {n}\) torch.int64; expected \[B, N\] = \[{b}, {n}\] int"),
+        "positions_float": (lambda t: (t.new_kv(b), pos.float()), r"positions is .* torch.float32; expected .* int"),
+        "valid_length": (lambda t: (t.new_kv(b), pos, None, torch.ones(b, n + 1, dtype=torch.bool)),
+                         rf"valid is \({b}, {n + 1}\) torch.bool; expected \[B, N\] = \[{b}, {n}\] bool"),
+        "attend_not_bool": (lambda t: (t.new_kv(b), pos, torch.ones(b, n, n, dtype=torch.long), ok),
+                            rf"attend is \({b}, {n}, {n}\) torch.int64; expected \[B, N, N\] = \[{b}, {n}, {n}\] "
+                            r"bool"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_target_cases(1, 1)))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_target_forward_rejects_mismatched_inputs(make_target, arch, case):
+    target = make_target(arch)
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    make_args, pattern = _target_cases(2, 3)[case]
+    with pytest.raises(ValueError, match=rf"^HFTarget.forward: {pattern}"):
+        target.forward(ids, *make_args(target))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_target_calls_reject_bad_tokens_and_sizes(make_target, arch):
+    target = make_target(arch)
+    kv = target.new_kv(2)
+    with pytest.raises(ValueError, match=r"forward: input_ids is \(2, 0\): it needs B >= 1 rows and N >= 1 tokens"):
+        target.forward(torch.zeros(2, 0, dtype=torch.long), kv, torch.zeros(2, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"forward: input_ids must be a \[B, N\] int64 tensor of token ids; got "
+                                         r"\(3,\) torch.int64"):
+        target.forward(torch.tensor([1, 2, 3]), kv, torch.arange(3)[None])
+    with pytest.raises(ValueError, match=r"forward_standard: attention_mask must be \[B, S \+ N\] = \[2, >= 3\]"):
+        target.forward_standard(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 2, dtype=torch.long),
+                                torch.arange(3)[None])
+    with pytest.raises(ValueError, match=r"forward_standard: positions is \(2, 4\) torch.int64; expected \[B, N\] = "
+                                         r"\[2, 3\] \(or \[1, 3\]\) int"):
+        target.forward_standard(torch.ones(2, 3, dtype=torch.long), None, torch.arange(4).expand(2, 4))
+    for bad in (0, -1, 1.0):
+        with pytest.raises(ValueError, match=rf"HFTarget.new_kv: batch_size must be an integer >= 1; got {bad}"):
+            target.new_kv(bad)
+    with pytest.raises(ValueError, match=r"new_kv: capacity must be an integer >= 0; got -4"):
+        target.new_kv(1, capacity=-4)
+    # the checks are shapes only: the same calls with right shapes run (one row broadcast in forward_standard)
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    out = target.forward(ids, target.new_kv(2), torch.arange(3).expand(2, 3))
+    std = target.forward_standard(ids, None, torch.arange(3)[None])
+    assert out.logits.shape == std.logits.shape == (2, 3, target.vocab_size)
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_drafter_calls_reject_bad_input(engines, arch, kind):
+    from specmoe.interfaces.drafter import Committed
+
+    drafter = engines(arch, kind).drafter
+    name = type(drafter).__name__
+    with pytest.raises(ValueError, match=rf"^{name}.begin: batch_size must be an integer >= 1; got 0"):
+        drafter.begin(0)
+    state = drafter.begin(2)
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    pos = torch.arange(3).expand(2, 3)
+    good = Committed(ids, torch.ones(2, 3, dtype=torch.bool), pos, first=True)
+    for steps, top_k, bad in ((0, 2, "steps"), (3, 0, "top_k"), (-1, 2, "steps")):
+        with pytest.raises(ValueError, match=rf"^{name}.draft: {bad} must be an integer >= 1; got -?\d"):
+            drafter.draft(state, good, steps, top_k)
+    with pytest.raises(ValueError, match=rf"{name}.draft: committed.valid is \(2, 2\) torch.bool; expected "
+                                         r"\[B, M\] = \[2, 3\] bool"):
+        drafter.draft(state, Committed(ids, torch.ones(2, 2, dtype=torch.bool), pos, first=True), 3, 2)
+    with pytest.raises(ValueError, match=rf"{name}.draft: committed.positions is \(1, 3\) torch.int64; expected "
+                                         r"\[B, M\] = \[2, 3\] int"):
+        drafter.draft(state, Committed(ids, good.valid, torch.arange(3)[None], first=True), 3, 2)
+    with pytest.raises(ValueError, match=rf"{name}.draft: committed must be a Committed \(tokens, valid, positions, "
+                                         r"features\); got Tensor"):
+        drafter.draft(state, ids, 3, 2)

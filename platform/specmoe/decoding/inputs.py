@@ -9,6 +9,11 @@ wrong output (an empty prompt inside a batch).
 
 The checks run once per call, on the host, over the Python lists the caller passed (a tensor of prompts is
 read once): nothing here runs per decoding step, and nothing reads a device value inside the timed region.
+
+The :class:`~specmoe.interfaces.target.Target` and :class:`~specmoe.interfaces.drafter.Drafter` methods that
+plugins call (``forward``, ``forward_standard``, ``new_kv``, ``begin``, ``draft``) check their own arguments
+(:mod:`specmoe.interfaces.checks`: the interfaces are a leaf package, so not from here): shapes and sizes only,
+since they run every step.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from specmoe.interfaces.checks import check_begin, check_draft, checked_method
 from specmoe.interfaces.plugin import Plugin
 from specmoe.interfaces.tree import DraftTree
 
@@ -43,7 +44,15 @@ class Drafter(Plugin, ABC):
 
     The pool follows EAGLE-2/3: expand the ``top_k`` frontier by ``top_k`` children for ``steps`` levels and
     keep every candidate with its cumulative score (``top_k + (steps - 1) * top_k**2`` nodes + root).
+
+    Every implementation's :meth:`begin` and :meth:`draft` check their arguments first (sizes >= 1, the
+    :class:`Committed` tensors of one shape; :mod:`specmoe.interfaces.checks`).
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        checked_method(cls, "begin", check_begin)
+        checked_method(cls, "draft", check_draft)
 
     @property
     def feature_layers(self) -> list[int]:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from specmoe.interfaces.checks import check_count, check_forward, check_forward_standard, checked_method
 from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.plugin import Plugin
 
@@ -70,7 +71,16 @@ class TargetParts:
 
 
 class Target(Plugin, ABC):
-    """A causal MoE language model with tree-structured forward passes and routing capture."""
+    """A causal MoE language model with tree-structured forward passes and routing capture.
+
+    Every implementation's :meth:`forward` and :meth:`forward_standard` check their arguments first (shapes
+    and dtypes against ``input_ids`` and the KV state; :mod:`specmoe.interfaces.checks`).
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        checked_method(cls, "forward", check_forward)
+        checked_method(cls, "forward_standard", check_forward_standard)
 
     # ------------------------------------------------------------------ structure
     #: the tokenizer (``encode`` / ``decode`` / ``apply_chat_template``), or ``None`` for tokenizer-less models
@@ -145,6 +155,8 @@ class Target(Plugin, ABC):
     # ------------------------------------------------------------------ compute
     def new_kv(self, batch_size: int, capacity: int = 0) -> KVState:
         """An empty KV state for ``batch_size`` rows, preallocated for ``capacity`` slots per row."""
+        check_count(f"{type(self).__name__}.new_kv", "batch_size", batch_size)
+        check_count(f"{type(self).__name__}.new_kv", "capacity", capacity, low=0)
         return KVState(batch_size, self.device, capacity)
 
     @abstractmethod
