@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared pytest setup: fixture modules, the gpu marker auto-skip, one torch thread per test process."""
+"""Shared pytest setup: fixture modules, the gpu marker auto-skip, every test starting from the same seeds."""
 
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 
@@ -13,6 +14,19 @@ pytest_plugins = ["fixtures.tiny", "fixtures.agreeing", "fixtures.traces"]
 
 #: the benchmark data beside the repository (CI has it at the same relative path)
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same random state, whatever ran before it: a test that draws unseeded data
+    (``torch.randn`` without a generator) sees the same data in every run and in any order."""
+    import numpy as np
+    import torch
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -332,12 +332,14 @@ def test_bias_balancing_moves_load_to_idle_experts(tmp_path):
     from specmoe.training.router_balance import BiasBalancer
 
     torch.set_num_threads(1)
+    torch.manual_seed(0)
     cfg = tiny_config("gpt_oss", vocab_size=64, **{**SMALL, "router_aux_loss_coef": 0.0}).to_dict()
     module = PretrainLM(cfg, lr=1e-3, balance_rate=0.05, fail_on_collapse=False)
     with torch.no_grad():
         for layer in module.model.model.layers:
             layer.mlp.router.bias[:2] = 0.5  # experts 0 and 1 favoured
-    loader = torch.utils.data.DataLoader([{"input_ids": b} for b in torch.randint(0, 64, (16, 16))], batch_size=4)
+    data = torch.randint(0, 64, (16, 16), generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader([{"input_ids": b} for b in data], batch_size=4)
     share = []
     for steps in (0, 40):
         if steps:

@@ -178,14 +178,13 @@ def test_torch_union_matches_eager(torch_report, arch, case):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_torch_union_is_bit_identical_to_eager_in_fp32(torch_report, arch):
-    """fp32: the same per-expert ops summed in the same (ascending expert) order as the model's own eager loop,
-    so module outputs and full-model logits are bit-identical. The one exception is the expert-parallel
-    sentinel case, which eager cannot run: its reference swaps in a spare expert with weight 0 (a different
-    computation; the difference stays within ``REL_TOL``)."""
-    for case in CASES + ["logits"]:
+def test_torch_union_is_deterministic_in_fp32(torch_report, arch):
+    """The same call twice gives the same bits (one thread). Bit-identity with the model's eager loop is not
+    asserted: it holds on some CPUs and not on others (BLAS picks kernels by shape, alignment and ISA), so the
+    comparison with eager is the relative tolerance of :func:`test_torch_union_matches_eager`."""
+    for case in CASES:
         r = torch_report[f"{arch}/{case}"]
-        assert r["identical"] == (case != "sentinel"), (case, r)
+        assert r["deterministic"], (case, r)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -271,9 +270,9 @@ def test_torch_union_bf16_keeps_dtype_and_is_as_accurate_as_eager(arch):
     out = union_experts_forward(module, hidden.bfloat16(), idx, w_model)
     assert out.dtype == torch.bfloat16
     assert (out.float() - gold).abs().max() <= 2 * (ref.float() - gold).abs().max()
-    # not bit-identical in bf16: the union sums the experts in fp32 and rounds once, eager rounds after each
-    # expert (measured on the three architectures: <= 7e-3 relative, about two bf16 ulps)
-    assert not torch.equal(out, ref) and rel_err(out, ref) <= 1e-2
+    # the union may sum the experts in fp32 and round once where eager rounds after each expert: the two agree
+    # to about two bf16 ulps (measured on the three architectures: <= 7e-3 relative)
+    assert rel_err(out, ref) <= 1e-2
 
 
 def test_triton_on_cpu_without_interpreter_is_a_user_error():
