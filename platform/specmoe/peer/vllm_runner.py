@@ -1,0 +1,183 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run vLLM (the peer engine) on given checkpoints and prompts, and write what it did as JSON.
+
+This file runs **inside vLLM's own virtual environment** (``docker/vllm_env.sh``), executed by path::
+
+    .venv-vllm/bin/python platform/specmoe/peer/vllm_runner.py REQUEST.json OUT.json
+
+It imports nothing from specmoe (vLLM pins another ``transformers``): only vLLM, torch and the standard
+library. The request names the checkpoints and prompts; one vLLM engine is started per *config* (no
+speculation, or EAGLE-3 with ``num_speculative_tokens`` drafts), each runs every prompt greedily at batch 1.
+
+Request (JSON object)::
+
+    {
+      "target": "/path/to/target",          # HF directory (save_pretrained); a tokenizer there is optional
+      "draft": "/path/to/eagle3_draft",      # EAGLE-3 export (config.json + model.safetensors); optional
+      "prompts": [[1, 2, 3], ...],           # token ids (used as they are: no tokenizer is needed)
+      "max_new_tokens": 96,
+      "configs": [0, 1, 2, 3],               # 0 = no speculation, n > 0 = EAGLE-3 chain of n drafts
+      "dtype": "float32",                    # float32 | bfloat16
+      "repeats": 1,                          # each prompt timed this many times, the fastest kept
+      "warmup": 1,                           # untimed prompts run first on every engine
+      "max_model_len": 2048,
+      "enforce_eager": true,                 # false: vLLM's torch.compile path (slower start-up)
+      "ignore_eos": true                     # generate exactly max_new_tokens (aligned comparisons)
+    }
+
+Output (JSON object)::
+
+    {
+      "engine": "vllm", "vllm_version": "0.32.0", "torch_version": "...", "dtype": "float32",
+      "threads": 1, "cpu": "<model name from /proc/cpuinfo>", "max_new_tokens": 96,
+      "runs": [
+        {
+          "num_speculative_tokens": 0,       # the config
+          "startup_s": 21.3,                 # LLM(...) construction, wall clock
+          "outputs": [[...], ...],           # generated token ids per prompt (greedy)
+          "seconds": [0.41, ...],            # per prompt, fastest of `repeats`, wall clock of llm.generate
+          "tokens": 1536,                    # generated tokens over all prompts
+          "tokens_per_s": 245.1,             # tokens / sum(seconds)
+          # only with speculation (counted over one pass of the prompts: the first repeat):
+          "drafts": 400,                     # speculative steps (vllm:spec_decode_num_drafts)
+          "draft_tokens": 1200,              # vllm:spec_decode_num_draft_tokens
+          "accepted_tokens": 980,            # vllm:spec_decode_num_accepted_tokens
+          "accepted_per_pos": [380, 330, 270],   # vllm:spec_decode_num_accepted_tokens_per_pos
+          "acceptance_per_pos": [0.95, 0.83, 0.68],  # accepted_per_pos / drafts
+          "tokens_per_step": 3.45            # 1 + accepted_tokens / drafts (vLLM's mean acceptance length)
+        }, ...
+      ]
+    }
+
+Environment: one OpenMP thread and no core binding unless the caller sets them (``OMP_NUM_THREADS``,
+``VLLM_CPU_OMP_THREADS_BIND``; a 2-core shared machine); ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 GiB here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+_SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                  "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+
+
+def _fail(msg: str) -> None:
+    print(f"vllm_runner: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _spec_metrics(llm) -> dict:
+    """The speculative-decoding counters of the engine so far (summed over labels)."""
+    out: dict = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_pos": []}
+    for m in llm.get_metrics():
+        if m.name in _SPEC_COUNTERS:
+            out[_SPEC_COUNTERS[m.name]] += int(m.value)
+        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            vals = [int(v) for v in m.values]
+            acc = out["accepted_per_pos"]
+            out["accepted_per_pos"] = [a + b for a, b in zip(acc + [0] * len(vals), vals)] if acc else vals
+    return out
+
+
+def _delta(after: dict, before: dict) -> dict:
+    per = [a - (before["accepted_per_pos"][i] if i < len(before["accepted_per_pos"]) else 0)
+           for i, a in enumerate(after["accepted_per_pos"])]
+    out = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted_tokens")}
+    out["accepted_per_pos"] = per
+    d = max(out["drafts"], 1)
+    out["acceptance_per_pos"] = [round(a / d, 6) for a in per]
+    out["tokens_per_step"] = round(1 + out["accepted_tokens"] / d, 6)
+    return out
+
+
+def run_config(req: dict, n_spec: int) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kw = dict(model=req["target"], dtype=req.get("dtype", "float32"), seed=0,
+              max_model_len=int(req.get("max_model_len", 2048)), max_num_seqs=1,
+              enforce_eager=bool(req.get("enforce_eager", True)), disable_log_stats=False,
+              skip_tokenizer_init=not os.path.isfile(os.path.join(req["target"], "tokenizer.json")))
+    if n_spec > 0:
+        if not req.get("draft"):
+            _fail(f"config {n_spec} needs an EAGLE-3 draft: set 'draft' in the request")
+        kw["speculative_config"] = {"method": "eagle3", "model": req["draft"],
+                                    "num_speculative_tokens": int(n_spec)}
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    startup = time.perf_counter() - t0
+    params = SamplingParams(temperature=0.0, max_tokens=int(req["max_new_tokens"]),
+                            ignore_eos=bool(req.get("ignore_eos", True)), detokenize=False)
+    prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in req["prompts"]]
+    for p in prompts[: int(req.get("warmup", 1))]:
+        llm.generate([p], params, use_tqdm=False)
+    repeats = max(1, int(req.get("repeats", 1)))
+    outputs, seconds, spec = [], [], None
+    for r in range(repeats):
+        before = _spec_metrics(llm) if n_spec > 0 and r == 0 else None
+        for i, p in enumerate(prompts):
+            t = time.perf_counter()
+            res = llm.generate([p], params, use_tqdm=False)[0]
+            dt = time.perf_counter() - t
+            ids = [int(x) for x in res.outputs[0].token_ids]
+            if r == 0:
+                outputs.append(ids)
+                seconds.append(dt)
+            else:
+                seconds[i] = min(seconds[i], dt)
+        if before is not None:
+            spec = _delta(_spec_metrics(llm), before)
+    tokens = sum(len(o) for o in outputs)
+    run = {"num_speculative_tokens": int(n_spec), "startup_s": round(startup, 3), "outputs": outputs,
+           "seconds": [round(s, 6) for s in seconds], "tokens": tokens,
+           "tokens_per_s": round(tokens / max(sum(seconds), 1e-9), 3)}
+    if spec is not None:
+        run.update(spec)
+    del llm
+    return run
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 3:
+        _fail("usage: vllm_runner.py REQUEST.json OUT.json")
+    try:
+        with open(argv[1]) as f:
+            req = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        _fail(f"cannot read the request {argv[1]}: {exc}")
+    missing = [k for k in ("target", "prompts", "max_new_tokens") if k not in req]
+    if missing:
+        _fail(f"request {argv[1]} lacks {', '.join(missing)}")
+    import torch
+    import vllm
+
+    out = {"engine": "vllm", "vllm_version": vllm.__version__, "torch_version": torch.__version__,
+           "dtype": req.get("dtype", "float32"), "threads": int(os.environ["OMP_NUM_THREADS"]),
+           "cpu": _cpu_name(), "max_new_tokens": int(req["max_new_tokens"]), "runs": []}
+    for n in req.get("configs", [0]):
+        out["runs"].append(run_config(req, int(n)))
+        with open(argv[2], "w") as f:  # partial results survive a later config's failure
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
