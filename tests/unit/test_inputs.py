@@ -242,3 +242,33 @@ def test_drafter_calls_reject_bad_input(engines, arch, kind):
     with pytest.raises(ValueError, match=rf"{name}.draft: committed must be a Committed \(tokens, valid, positions, "
                                          r"features\); got Tensor"):
         drafter.draft(state, ids, 3, 2)
+
+
+def test_checks_read_no_device_value(engines):
+    """The entry check of a list-of-lists call and the per-call interface checks run no tensor operation and no
+    host read (they must not add a sync to a step); a tensor of prompts is read once."""
+    from specmoe.bench.opcount import count_ops
+    from specmoe.decoding.inputs import check_generate
+    from specmoe.interfaces.checks import check_draft, check_forward
+    from specmoe.interfaces.drafter import Committed
+
+    engine = engines("gpt_oss", "self_draft")
+    t = engine.target
+    prompts = random_prompts(4, [40], t.vocab_size, seed=3)
+    buffer = torch.zeros(t.num_moe_layers, t.num_experts, dtype=torch.bool)
+    ids = torch.tensor(prompts)
+    kv = t.new_kv(4)
+    pos = torch.arange(40).expand(4, 40)
+    ok = torch.ones(4, 40, dtype=torch.bool)
+    attend = torch.ones(4, 40, 40, dtype=torch.bool)
+    committed = Committed(ids, ok, pos)
+    with count_ops() as c:
+        check_generate(engine, prompts, budget=4, steps=3, top_k=2, temperature=0.0, stop=StopRule(8), seed=0,
+                       buffer=buffer)
+        check_forward(t, ids, kv, pos, attend, ok)
+        check_draft(engine.drafter, None, committed, 3, 2)
+    assert c.total_syncs == 0 and c.total_ops == 0, (c.syncs, c.ops)
+    with count_ops() as c:
+        check_generate(engine, ids, budget=4, steps=3, top_k=2, temperature=0.0, stop=StopRule(8), seed=0,
+                       buffer=None)
+    assert c.total_syncs == 1 and c.syncs["tolist"] == 1, c.syncs
