@@ -202,3 +202,12 @@ def test_drafting_alias_gives_the_moved_modules(monkeypatch):
     assert mtp_io.read_mtp_tensors is real.read_mtp_tensors
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("specmoe.drafting.eagle3_drafter")  # never existed
+
+
+def test_old_kv_module_gives_the_moved_names_with_a_warning():
+    import specmoe.decoding.kv as old
+    from specmoe.interfaces import kv as new
+
+    for name in old.__all__:
+        with pytest.warns(DeprecationWarning, match=rf"'specmoe.decoding.kv.{name}' moved to 'specmoe.interfaces.kv"):
+            assert getattr(old, name) is getattr(new, name)

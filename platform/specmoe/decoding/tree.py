@@ -9,23 +9,9 @@ emits a :class:`DeprecationWarning` naming its new place.
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 from specmoe.interfaces import tree as _new
+from specmoe.utils.deprecation import moved_names
 
 __all__ = ["DraftTree", "ancestor_matrix", "is_ancestor_closed", "close_under_ancestors"]  # noqa: F822 (__getattr__)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r} (it is a deprecated alias of "
-                             f"'specmoe.interfaces.tree'; import from 'specmoe.plugin_api')")
-    warnings.warn(f"'{__name__}.{name}' moved to 'specmoe.interfaces.tree.{name}': import it from "
-                  f"'specmoe.plugin_api' (the stable plugin API); the alias '{__name__}' will be removed in "
-                  f"specmoe 0.3.0", DeprecationWarning, stacklevel=2)
-    return getattr(_new, name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = moved_names(__name__, _new, __all__)

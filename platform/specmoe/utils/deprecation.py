@@ -1,0 +1,32 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Aliases of moved modules: every name taken from the old place is the new place's object, with a warning."""
+
+from __future__ import annotations
+
+import warnings
+from types import ModuleType
+from typing import Any, Callable
+
+__all__ = ["moved_names", "REMOVED_IN"]
+
+#: the release that drops the aliases (they are kept for one minor version)
+REMOVED_IN = "0.3.0"
+
+
+def moved_names(old: str, new: ModuleType, names: list[str]) -> tuple[Callable[[str], Any], Callable[[], list]]:
+    """``(__getattr__, __dir__)`` for a deprecated module ``old`` whose ``names`` now live in ``new``.
+
+    Taking a name gives ``getattr(new, name)`` and emits a :class:`DeprecationWarning` naming the new place and
+    the stable plugin API; any other name is an :class:`AttributeError` that says where to look.
+    """
+
+    def getattr_(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {old!r} has no attribute {name!r} (it is a deprecated alias of "
+                                 f"{new.__name__!r}; import from 'specmoe.plugin_api')")
+        warnings.warn(f"'{old}.{name}' moved to '{new.__name__}.{name}': import it from 'specmoe.plugin_api' "
+                      f"(the stable plugin API); the alias '{old}' will be removed in specmoe {REMOVED_IN}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(new, name)
+
+    return getattr_, lambda: sorted(names)
