@@ -17,8 +17,8 @@ from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.node_values import NodeValues, path_values
 from specmoe.decoding.stopping import StopRule
-from specmoe.decoding.tree_builder import build_pool
-from specmoe.interfaces.tree import DraftTree
+from specmoe.decoding.tree_builder import build_pool, pool_size
+from specmoe.interfaces.tree import DraftTree, ancestor_matrix
 from specmoe.registry import drafters, predictors, selectors
 
 #: an under-confident draft: the token the target will take (id 0) gets 0.33, the runner-up (id 1) 0.15, the rest
@@ -132,15 +132,46 @@ def test_subset_carries_values():
     assert sub.value.tolist() == [[0.0, 1.0, 3.0, 5.0]]
 
 
+def test_pool_frontier_width():
+    """``width`` frontier nodes per level: 1 expands the best path only (top_k children at every depth), top_k is
+    EAGLE-2/3's pool exactly; the pool stays parent-before-child with consistent depths and ancestors."""
+    gen = torch.Generator().manual_seed(3)
+    calls: list[int] = []
+
+    def expand(tok, idx, anc):
+        calls.append(tok.shape[1])
+        return torch.log_softmax(torch.randn(*tok.shape, VOCAB, generator=gen), dim=-1)
+
+    root = torch.log_softmax(torch.randn(2, VOCAB, generator=gen), dim=-1)
+    chain_like = build_pool(torch.zeros(2, dtype=torch.long), root, expand, 4, 2, width=1)
+    assert calls == [1, 1, 1] and chain_like.num_nodes == pool_size(4, 2, 1) == 1 + 2 + 3 * 2
+    par = chain_like.parents
+    assert bool((par[:, 1:] < torch.arange(1, chain_like.num_nodes)).all())
+    assert chain_like.depth.tolist()[0] == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    for d in (2, 3, 4):  # each level hangs under the best node of the level above
+        upper = (chain_like.depth == d - 1)
+        best = torch.where(upper, chain_like.path_logp, torch.full_like(chain_like.path_logp, -1e9)).argmax(dim=1)
+        lvl = chain_like.depth == d
+        assert bool((par[lvl].view(2, -1) == best[:, None]).all())
+    assert chain_like.ancestors().equal(ancestor_matrix(par))  # the builder's own matrix is the parents' one
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    e = lambda g: (lambda tok, idx, anc: torch.log_softmax(torch.randn(*tok.shape, VOCAB, generator=g), -1))  # noqa: E731
+    full = build_pool(torch.zeros(2, dtype=torch.long), root, e(g1), 3, 2, width=2)
+    default = build_pool(torch.zeros(2, dtype=torch.long), root, e(g2), 3, 2)
+    assert full.tokens.equal(default.tokens) and full.parents.equal(default.parents) and full.num_nodes == 11
+
+
 MAX_NEW = 16
 
 
-def test_calibrated_greedy_equals_ar(make_predictable, agreeing_drafts, arch):
-    """EAGLE-3 drafts that agree with the target, every calibrated tree selector, γ 2/4/6, batch 1 and 3: output
-    equals AR; the engine's calibration was refitted from the run's outcomes (its weights left the prior), so the
-    selections after the first refit ranked by calibrated values; multi-token acceptance asserted."""
+@pytest.mark.parametrize("frontier", [None, 1])
+def test_calibrated_greedy_equals_ar(make_predictable, agreeing_drafts, arch, frontier):
+    """EAGLE-3 drafts that agree with the target (EAGLE-2/3's pool, and the width-1 pool), every calibrated tree
+    selector, γ 2/4/6, batch 1 and 3: output equals AR; the engine's calibration was refitted from the run's
+    outcomes (its weights left the prior), so the selections after the first refit ranked by calibrated values;
+    multi-token acceptance asserted."""
     target, _ = make_predictable(arch)
-    drafter = drafters.get("eagle3")(path=str(agreeing_drafts(arch, "eagle3")))
+    drafter = drafters.get("eagle3")(path=str(agreeing_drafts(arch, "eagle3")), frontier=frontier)
     drafter.setup(target)
     pred = predictors.get("router_on_embedding")()
     pred.setup(target)

@@ -2,11 +2,11 @@
 """EAGLE-2/3 candidate pool of an EAGLE-3 draft over a KV context (inference and GTO training).
 
 The root's draft distribution comes from the last context step (the pair of the root token with the target
-feature before it). Each deeper level is one :meth:`Eagle3Model.step_into` over the ``top_k`` frontier nodes:
-input ``(node token, output hidden of its parent)``, position ``root_pos + depth``, attending to the context
-and to the node's own processed ancestors only. Tree keys are written into the context buffer's free slots
-after the context and forgotten afterwards (the length is reset; nothing is copied), so the context holds only
-accepted tokens (EAGLE's ``stable_kv``).
+feature before it). Each deeper level is one :meth:`Eagle3Model.step_into` over the frontier nodes (``width``
+of them, default ``top_k``): input ``(node token, output hidden of its parent)``, position ``root_pos + depth``,
+attending to the context and to the node's own processed ancestors only. Tree keys are written into the context
+buffer's free slots after the context and forgotten afterwards (the length is reset; nothing is copied), so the
+context holds only accepted tokens (EAGLE's ``stable_kv``).
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ class TreeContext:
 @torch.no_grad()
 def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, root_hidden: torch.Tensor,
                root_logp: torch.Tensor, root_pos: torch.Tensor, steps: int, top_k: int,
-               prev_hidden: torch.Tensor | None = None) -> DraftTree:
-    """Build the pool (``1 + top_k + (steps - 1) * top_k**2`` nodes) with ``steps - 1`` draft forwards.
+               prev_hidden: torch.Tensor | None = None, width: int | None = None) -> DraftTree:
+    """Build the pool (``1 + top_k + (steps - 1) * width * top_k`` nodes, :func:`build_pool`) with ``steps - 1``
+    draft forwards over ``width`` frontier nodes each (default ``top_k``: EAGLE-2/3).
 
     Args:
         ctx: the context (must already contain the root's own step); its free slots hold the tree's keys while
@@ -89,13 +90,13 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
     """
     bsz = root_tokens.shape[0]
     dev = root_tokens.device
-    n_pool = pool_size(steps, top_k)
+    n_pool = pool_size(steps, top_k, width)
     node_hidden = root_hidden.new_zeros(bsz, n_pool, root_hidden.shape[-1])
     node_hidden[:, 0] = root_hidden
     ar_b = torch.arange(bsz, device=dev)[:, None]
     ar_pool = torch.arange(n_pool, device=dev)
     n_ctx = ctx.length
-    ctx.reserve(max(steps - 1, 0) * top_k)
+    ctx.reserve(max(steps - 1, 0) * min(width or top_k, top_k))
     context = ctx.allowed.narrow(1, 0, n_ctx)
     done: list[torch.Tensor] = []  # pool indices of the nodes whose keys follow the context, in order
 
@@ -115,7 +116,7 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
         done.append(pool_idx)
         return torch.log_softmax(model.logits(out), dim=-1)
 
-    tree = build_pool(root_tokens, root_logp, expand, steps, top_k, to_target=model.to_target)
+    tree = build_pool(root_tokens, root_logp, expand, steps, top_k, to_target=model.to_target, width=width)
     if prev_hidden is not None:
         tree.features = proposer_features(tree.parents, node_hidden, prev_hidden)
     return tree
