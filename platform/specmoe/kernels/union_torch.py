@@ -13,10 +13,18 @@ Two ways to run the per-expert matmuls, same math:
   number of operations per layer whatever ``|U|``, no host synchronisation (CUDA-graph friendly);
 * ``loop``: one matmul per union expert (needs the union on the host: one synchronisation per layer).
 
-:func:`union_experts_forward` takes ``grouped`` where this torch build runs ``grouped_mm`` for the weights'
-device and dtype (CPU: float32 and bfloat16; CUDA: bfloat16 on compute capability >= 8.0), else ``loop``.
-Measured on the 2-core CPU of the demo (``platform bench engine``): ``grouped`` is as fast per byte as
-``loop`` and needs ~15 operations per layer instead of ~6 per union expert.
+:func:`union_experts_forward` takes ``loop`` on CPUs and ``grouped`` on GPUs where this torch build runs
+``grouped_mm`` for the weights' dtype (bfloat16 on compute capability >= 8.0), else ``loop``. On a CPU a host
+synchronisation is free and torch's ``grouped_mm`` is itself a loop over *all* ``E`` experts (a matmul and a
+host read per expert, empty or not): measured on the demo (one thread, 32 experts, a decoding step of one
+token) ``loop`` saves ~0.3 ms per token.
+
+The per-expert matmul takes the faster form for its dtype: in float32 the model's own (``x @ W`` for GPT-OSS,
+``F.linear`` otherwise: bit-identical to its eager loop); in bf16 / fp16 ``F.linear`` on output-major weights
+through :func:`specmoe.models.linear.linear` (a single row: torch's matrix-vector kernel, not oneDNN's per-call
+overhead). GPT-OSS stores its experts input-major (``[E, H, 2I]``); :func:`prepare` (called when the verifier is
+installed) re-stores a reduced-precision CPU model's expert weights output-major in place: same values and
+shapes (a transposed view), so every other implementation and ``save_pretrained`` see the same tensors.
 """
 
 from __future__ import annotations
@@ -26,9 +34,10 @@ from typing import Any
 
 import torch
 
-from specmoe.kernels.layout import ExpertsLayout, apply_gate, expert_forward, experts_layout
+from specmoe.kernels.layout import ExpertsLayout, apply_gate, experts_layout
+from specmoe.models import linear
 
-__all__ = ["union_experts_forward", "grouped_supported"]
+__all__ = ["union_experts_forward", "grouped_supported", "prepare"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,6 +67,8 @@ def _layout(module: Any) -> ExpertsLayout:
 
 
 def _use_grouped(weight: torch.Tensor) -> bool:
+    if weight.device.type == "cpu":
+        return False
     cap = torch.cuda.get_device_capability(weight.device) if weight.device.type == "cuda" else None
     return grouped_supported(weight.device.type, weight.dtype, cap)
 
@@ -80,15 +91,58 @@ def _grouped(module: Any, layout: ExpertsLayout, x: torch.Tensor, key: torch.Ten
     return y
 
 
-def _loop(module: Any, layout: ExpertsLayout, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """As :func:`_grouped`, one matmul per union expert (``counts [E]`` slots per expert)."""
-    out = torch.zeros(x.shape[0], layout.hidden, dtype=module.down_proj.dtype, device=x.device)
+def _matmuls(x: torch.Tensor, weight: torch.Tensor, transposed: bool, counts: list[int]) -> torch.Tensor:
+    """``x [S, in]`` slot rows sorted by expert (``counts``: rows per expert) times each row's expert weight
+    (``weight [E, in, out]`` when ``transposed``, else ``[E, out, in]``) -> ``[S, out]``; one ``mm`` per union
+    expert, written in place. The product is ``x @ W`` in the orientation the model's eager loop uses (``x @ W``
+    / ``F.linear``), so float32 results are bit-identical to it; a single bf16 / fp16 row on a CPU with the
+    weight stored output-major takes torch's matrix-vector kernel (see :mod:`specmoe.models.linear`)."""
+    n_out = weight.shape[-1] if transposed else weight.shape[-2]
+    out = torch.empty(x.shape[0], n_out, dtype=weight.dtype, device=x.device)
+    reduced = x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
     start = 0
-    for expert, c in enumerate(counts.tolist()):
-        if c:
-            out[start:start + c] = expert_forward(module, layout, expert, x[start:start + c])
-            start += c
+    for expert, c in enumerate(counts):
+        if not c:
+            continue
+        w = weight[expert] if transposed else weight[expert].t()  # [in, out]
+        if c == 1 and reduced and w.stride(0) == 1:
+            linear.single_row_mm(x[start:start + 1], w, out[start:start + 1])
+        else:
+            torch.mm(x[start:start + c], w, out=out[start:start + c])
+        start += c
     return out
+
+
+def _loop(module: Any, layout: ExpertsLayout, x: torch.Tensor, key: torch.Tensor,
+          counts: torch.Tensor) -> torch.Tensor:
+    """As :func:`_grouped`, one matmul per union expert and projection (``counts [E]`` slots per expert); the
+    biases and the activation are applied to all slots at once."""
+    per = counts.tolist()
+    e = key.clamp(max=layout.num_experts - 1)
+    h = _matmuls(x.to(module.gate_up_proj.dtype), module.gate_up_proj, layout.transposed, per)
+    if layout.has_bias:
+        h = h + module.gate_up_proj_bias[e]
+    y = _matmuls(apply_gate(module, layout, h), module.down_proj, layout.transposed, per)
+    if layout.has_bias:
+        y = y + module.down_proj_bias[e]
+    return y
+
+
+def prepare(module: Any) -> bool:
+    """Store a CPU bf16 / fp16 GPT-OSS-layout experts module's weights output-major (in place, same values and
+    shapes: ``W`` becomes a transposed view of a contiguous ``W.T``), so that :func:`_project` takes ``F.linear``
+    (see the module docstring). Returns whether anything was re-stored; idempotent; float32, GPUs, trainable
+    weights and the output-major layouts are left alone."""
+    layout = _layout(module)
+    changed = False
+    for name in ("gate_up_proj", "down_proj"):
+        w = getattr(module, name)
+        if (not layout.transposed or w.device.type != "cpu" or w.dtype == torch.float32 or w.requires_grad
+                or w.transpose(-2, -1).is_contiguous()):
+            continue
+        w.data = w.data.transpose(-2, -1).contiguous().transpose(-2, -1)
+        changed = True
+    return changed
 
 
 def union_experts_forward(module: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
@@ -101,7 +155,8 @@ def union_experts_forward(module: Any, hidden: torch.Tensor, top_k_index: torch.
         top_k_index: ``[T, K]`` int64 expert ids; rows need not be sorted; ids outside ``[0, E)`` (expert
             parallel sentinels, which carry weight 0) are skipped.
         top_k_weights: ``[T, K]`` routing weights (model dtype, or fp32 for DeepSeek-V3).
-        strategy: ``grouped`` or ``loop`` (see the module docstring); ``None``: ``grouped`` where supported.
+        strategy: ``grouped`` or ``loop`` (see the module docstring); ``None``: ``loop`` on CPUs, ``grouped``
+            on GPUs where supported.
 
     Returns:
         ``[T, H]`` in ``hidden.dtype``.
@@ -121,7 +176,7 @@ def union_experts_forward(module: Any, hidden: torch.Tensor, top_k_index: torch.
     if strategy == "grouped":
         y = _grouped(module, layout, x, sorted_key, torch.cumsum(counts, 0, dtype=torch.int32))
     elif strategy == "loop":
-        y = _loop(module, layout, x, counts)
+        y = _loop(module, layout, x, sorted_key, counts)
     else:
         raise ValueError(f"union_experts_forward: strategy must be 'grouped' or 'loop', not {strategy!r}")
     real = (sorted_key < n_exp)[:, None]  # sentinel slots weigh 0 (their rows of y are not computed)

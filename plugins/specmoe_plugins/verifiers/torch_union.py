@@ -10,7 +10,7 @@ from typing import Any, Literal, Optional
 import torch
 
 from specmoe.interfaces.verifier import Verifier
-from specmoe.kernels.union_torch import union_experts_forward
+from specmoe.kernels.union_torch import prepare, union_experts_forward
 
 __all__ = ["TorchUnionVerifier"]
 
@@ -24,8 +24,8 @@ class TorchUnionVerifier(Verifier):
     class Config:
         strategy: Optional[Literal["grouped", "loop"]] = None
         """``grouped`` (``grouped_mm`` over the slots sorted by expert: a fixed number of operations, no host
-        sync), ``loop`` (one matmul per union expert); default: ``grouped`` where torch runs it for the weights'
-        device and dtype (see :mod:`specmoe.kernels.union_torch`)."""
+        sync), ``loop`` (one matmul per union expert); default: ``loop`` on CPUs, ``grouped`` on GPUs where
+        torch runs it for the weights' dtype (see :mod:`specmoe.kernels.union_torch`)."""
 
     def implementation_name(self) -> str:
         return "specmoe_torch_union"
@@ -33,3 +33,10 @@ class TorchUnionVerifier(Verifier):
     def experts_forward(self, module: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
                         top_k_weights: torch.Tensor) -> torch.Tensor:
         return union_experts_forward(module, hidden, top_k_index, top_k_weights, self.config.strategy)
+
+    def install(self, target: Any) -> None:
+        """Switch ``target`` to this implementation; on a CPU in bf16 / fp16 the GPT-OSS experts' weights are
+        re-stored output-major first (:func:`~specmoe.kernels.union_torch.prepare`: same values)."""
+        for module in target.experts_modules():
+            prepare(module)
+        super().install(target)
