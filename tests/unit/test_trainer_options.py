@@ -19,11 +19,17 @@ from specmoe.training.trainer import (
 
 
 @pytest.fixture
-def cpu_only(monkeypatch):
-    """A machine without a CUDA GPU; returns a setter for the CPU's native-bf16 probe."""
+def cpu_only(monkeypatch, tmp_path):
+    """A machine without a CUDA GPU, on which bf16 measures faster where it is native (an empty decision
+    cache, test_precision_auto.py tests the measured decision); returns a setter for the CPU's native-bf16
+    probe."""
     import torch
 
+    import specmoe.precision as precision
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user_cache"))
+    monkeypatch.setattr(precision, "measure_training", lambda work: {"32-true": 2.0, "bf16-mixed": 1.0})
 
     def probe(native: bool) -> None:
         monkeypatch.setattr(trainer_mod, "cpu_has_native_bf16", lambda: native)

@@ -8,9 +8,10 @@ Multi-node: launch the same command on every node with torchrun (``--nnodes N --
 
 Hardware-dependent choices are explicit and never sampled from the machine's load:
 
-* ``precision: auto`` (the default) is ``bf16-mixed`` only where bf16 is fast (a CUDA GPU with bf16, a CPU
-  with native bf16) and ``32-true`` elsewhere; the resolved value is part of the stage's cache key
-  (:func:`trainer_key_facts`), logged to MLflow and written to the stage summary.
+* ``precision: auto`` (the default) is ``bf16-mixed`` only where bf16 is faster: a CUDA GPU with bf16, or a CPU
+  with native bf16 on which a timed probe of the work trained bf16 faster (measured once per CPU model and
+  kept in the user cache, :mod:`specmoe.precision`), and ``32-true`` elsewhere; the resolved value is part of
+  the stage's cache key (:func:`trainer_key_facts`), logged to MLflow and written to the stage summary.
 * Threads: ``trainer.num_threads``, by default the cores of this process divided by the training processes
   on the node (:func:`default_num_threads`).
 """
@@ -47,8 +48,8 @@ class TrainerOptions:
     strategy: str = "auto"
     """``auto``, ``ddp``, ``fsdp``, ``ddp_spawn``, ``deepspeed_stage_2``..."""
     precision: str = "auto"
-    """``auto`` (see :func:`resolve_precision`: ``bf16-mixed`` on a CUDA GPU with bf16 or a CPU with native
-    bf16, else ``32-true``), or any Lightning value: ``32-true``, ``bf16-mixed``, ``16-mixed``..."""
+    """``auto`` (see :func:`resolve_precision`: ``bf16-mixed`` on a CUDA GPU with bf16 or on a CPU where bf16
+    measured faster, else ``32-true``), or any Lightning value: ``32-true``, ``bf16-mixed``, ``16-mixed``..."""
     accumulate_grad_batches: int = 1
     max_epochs: int = 1
     max_steps: int = -1
@@ -96,11 +97,13 @@ def cpu_has_native_bf16() -> bool:
     return False
 
 
-def resolve_precision(precision: str, accelerator: str = "auto") -> str:
+def resolve_precision(precision: str, accelerator: str = "auto", work: str = "train_moe_lm") -> str:
     """The Lightning precision ``precision`` stands for on this machine (``auto`` resolved, others as given).
 
-    ``auto``: ``bf16-mixed`` on a CUDA GPU that supports bf16, or on a CPU with native bf16
-    (:func:`cpu_has_native_bf16`); ``32-true`` otherwise (an older GPU, Apple MPS, a CPU with AVX2 only).
+    ``auto``: ``bf16-mixed`` on a CUDA GPU that supports bf16; on a CPU with native bf16
+    (:func:`cpu_has_native_bf16`) the faster of ``32-true`` and ``bf16-mixed`` for ``work``, measured once per
+    CPU model and read from the user cache afterwards (:func:`specmoe.precision.cpu_decision`: a native-bf16
+    CPU can still train slower in bf16); ``32-true`` otherwise (an older GPU, Apple MPS, a CPU with AVX2 only).
     """
     if str(precision) != "auto":
         return str(precision)
@@ -110,7 +113,11 @@ def resolve_precision(precision: str, accelerator: str = "auto") -> str:
     if acc in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
     if acc == "cpu" or (acc == "auto" and not torch.backends.mps.is_available()):
-        return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
+        if not cpu_has_native_bf16():
+            return "32-true"
+        from specmoe.precision import cpu_decision
+
+        return cpu_decision(work)
     return "32-true"
 
 
@@ -142,7 +149,8 @@ def stage_trainer_options(stage_cls: type, options: Any) -> TrainerOptions:
 
 def trainer_key_facts(stage_cls: type, options: dict[str, Any]) -> dict[str, Any]:
     """``Stage.key_facts`` of every training stage: the precision its trainer resolves to on this machine
-    (``{"precision": "32-true"}``), so an ``auto`` stage trained in bf16 is not reused where fp32 is chosen.
+    (``{"precision": "32-true"}``), so an ``auto`` stage trained in bf16 is not reused where fp32 is chosen
+    (on a CPU the decision is read from the user cache, so the key is the same on every run there).
 
     Use as ``key_facts = classmethod(trainer_key_facts)`` in the stage class.
     """
