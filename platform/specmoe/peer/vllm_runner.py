@@ -13,7 +13,8 @@ Request (JSON object)::
 
     {
       "target": "/path/to/target",          # HF directory (save_pretrained); a tokenizer there is optional
-      "draft": "/path/to/eagle3_draft",      # EAGLE-3 export (config.json + model.safetensors); optional
+      "draft": "/path/to/eagle3_draft",      # EAGLE-3 export (config.json + model.safetensors), served as
+                                             # it is; needed by configs > 0
       "prompts": [[1, 2, 3], ...],           # token ids (used as they are: no tokenizer is needed)
       "max_new_tokens": 96,
       "configs": [0, 1, 2, 3],               # 0 = no speculation, n > 0 = EAGLE-3 chain of n drafts
@@ -22,7 +23,9 @@ Request (JSON object)::
       "warmup": 1,                           # untimed prompts run first on every engine
       "max_model_len": 2048,
       "enforce_eager": true,                 # false: vLLM's torch.compile path (slower start-up)
-      "ignore_eos": true                     # generate exactly max_new_tokens (aligned comparisons)
+      "ignore_eos": true,                    # generate exactly max_new_tokens (aligned comparisons)
+      "multiprocessing": false               # true: vLLM's default engine-core process (start-up ~12 s
+                                             # longer here); false: the engine runs in this process
     }
 
 Output (JSON object)::
@@ -109,6 +112,21 @@ def _delta(after: dict, before: dict) -> dict:
     return out
 
 
+def _check_draft(path: str) -> None:
+    """One clear message for a draft vLLM would misread (repeated aux layer ids: an old specmoe export)."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        _fail(f"cannot read the EAGLE-3 draft config {path}/config.json: {exc}")
+    ids = cfg.get("eagle_aux_hidden_state_layer_ids") or (cfg.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids")
+    if ids and len(set(ids)) < len(ids):
+        _fail(f"EAGLE-3 draft {path}/config.json: eagle_aux_hidden_state_layer_ids {ids} repeat a layer (a "
+              f"specmoe export older than the serving convention); vLLM de-duplicates them and the fc no "
+              f"longer fits. Rewrite it: python -m specmoe_plugins.drafters.eagle3.checkpoint {path} NEW_DIR")
+
+
 def run_config(req: dict, n_spec: int) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -120,8 +138,10 @@ def run_config(req: dict, n_spec: int) -> dict:
     if n_spec > 0:
         if not req.get("draft"):
             _fail(f"config {n_spec} needs an EAGLE-3 draft: set 'draft' in the request")
+        _check_draft(req["draft"])
         kw["speculative_config"] = {"method": "eagle3", "model": req["draft"],
                                     "num_speculative_tokens": int(n_spec)}
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if req.get("multiprocessing", False) else "0"
     t0 = time.perf_counter()
     llm = LLM(**kw)
     startup = time.perf_counter() - t0
