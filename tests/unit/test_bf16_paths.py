@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The reduced-precision CPU fast paths of the inference pass (issue 23.4): single-row bf16 linear layers on
-torch's matrix-vector kernel, GPT-OSS sink attention on the CPU flash kernel, and union experts on weights
-re-stored output-major. Each is checked against a float64 reference with the error of the model's own bf16
+"""The reduced-precision CPU fast paths of the inference pass (issue 23.4): bf16 linear layers on packed oneDNN
+weights, single-row bf16 products on torch's matrix-vector kernel, and union experts on weights re-stored
+output-major. Each is checked against a float64 reference with the error of the model's own bf16
 computation as the bound (never a machine-dependent rounding), and each test proves its path ran."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specmoe.models import attention, linear
+from specmoe.models import linear
 
 
 def _count(monkeypatch, module, name: str) -> list[int]:
@@ -44,41 +44,29 @@ def test_bf16_linear_single_rows_take_the_matrix_vector_kernel(monkeypatch, rows
     assert len(calls) == (rows == 1)
 
 
-def _eager_sink_attention(q, k, v, mask, sinks, scale):
-    """GPT-OSS's attention written out (repeat KV heads, sink logit in the softmax), in q's dtype."""
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = q @ k.transpose(-1, -2) * scale + mask
-    logits = torch.cat([scores, sinks.view(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[2], 1)], dim=-1)
-    probs = torch.softmax(logits.float(), dim=-1).to(q.dtype)[..., :-1]
-    return (probs @ v).transpose(1, 2)
-
-
-@pytest.mark.parametrize("n", [1, 4])
-def test_bf16_sink_attention_takes_the_flash_kernel(monkeypatch, n):
-    if attention._flash_cpu() is None:
-        pytest.skip("this torch has no CPU flash-attention op")
-    g = torch.Generator().manual_seed(1)
-    s = 300 + n
-    q, k, v = torch.randn(2, 4, n, 32, generator=g), torch.randn(2, 2, s, 32, generator=g), \
-        torch.randn(2, 2, s, 32, generator=g)
-    sinks = torch.randn(4, generator=g)
-    allowed = torch.ones(n, s, dtype=torch.bool).tril(s - n)
-    allowed[:, :7] = False  # a window-like hole
-    mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[None, None].expand(2, 1, n, s)
-    module = type("Attn", (), {"sinks": sinks.bfloat16()})()
-    calls = _count(monkeypatch, attention, "_flash_cpu")
-    out, _ = attention.grouped_attention(module, q.bfloat16(), k.bfloat16(), v.bfloat16(),
-                                         mask.bfloat16(), scaling=32 ** -0.5)
-    assert calls and out.dtype == torch.bfloat16 and out.shape == (2, n, 4, 32)
-    gold = _eager_sink_attention(q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double(),
-                                 mask.double(), sinks.bfloat16().double(), 32 ** -0.5)
-    eager = _eager_sink_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask.bfloat16(), sinks.bfloat16(),
-                                  32 ** -0.5)
-    assert (out.double() - gold).abs().max() <= 2 * (eager.double() - gold).abs().max()
-    calls.clear()  # float32 keeps the explicit path (row results independent of the pass's row count)
-    attention.grouped_attention(type("Attn", (), {"sinks": sinks})(), q, k, v, mask, scaling=32 ** -0.5)
-    assert not calls
+def test_bf16_linear_layers_take_packed_weights_and_repack_when_they_change():
+    """Installed bf16 ``nn.Linear`` layers run on the weight packed into oneDNN's layout, for 1 and 4 rows;
+    an in-place update of the weight (an optimizer step) packs it again; autograd keeps ``F.linear``."""
+    g = torch.Generator().manual_seed(3)
+    layer = torch.nn.Linear(64, 96).bfloat16().requires_grad_(False)
+    assert linear.install(torch.nn.Sequential(layer)) == 1
+    for _ in range(2):
+        for rows in (1, 4):
+            x = torch.randn(2, rows, 64, generator=g).bfloat16()
+            with torch.no_grad():
+                out = layer(x)
+                ref = torch.nn.functional.linear(x, layer.weight, layer.bias)
+            gold = torch.nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
+            assert out.dtype == torch.bfloat16 and out.shape == (2, rows, 96)
+            assert (out.double() - gold).abs().max() <= 2 * (ref.double() - gold).abs().max() + 1e-6
+        stamp, packed = layer.__dict__["_specmoe_packed"]
+        assert packed is not None and stamp[:2] == (layer.weight.data_ptr(), layer.weight._version)
+        with torch.no_grad():
+            layer.weight.mul_(-2.0)  # the next pass must see the new weight
+    trainable = torch.nn.Linear(64, 8).bfloat16()
+    linear.install(trainable)
+    trainable(torch.randn(1, 64, generator=g).bfloat16()).sum().backward()
+    assert "_specmoe_packed" not in trainable.__dict__ and trainable.weight.grad is not None
 
 
 def _gpt_oss(dtype: torch.dtype):

@@ -9,16 +9,11 @@ in-place cache, no copy):
 * models without attention sinks: ``scaled_dot_product_attention`` on the grouped queries, the (small)
   ``[B, 1, N, S]`` mask tiled over the group;
 * GPT-OSS (learned per-head sinks ``s_aux``): the softmax gets one more logit per head that takes probability
-  mass and contributes no value, so the output is the sink-free attention times ``Z / (Z + exp(sink))``, with
-  ``Z`` the sum of the exponentiated scores: ``sigmoid(logsumexp - sink)``. On CPUs torch's flash-attention
-  kernel (the one ``scaled_dot_product_attention`` runs there) returns that log-sum-exp, so in bf16 / fp16 this
-  path is that kernel on the grouped queries and one rescale (fp32 accumulation; measured on the demo's decoding
-  shapes, one thread, 512 cached tokens: 39 µs per layer in bf16 against 58 µs for the explicit path below).
-  Float32 keeps the explicit path (flash would save ~8 µs per layer, but its result for a row depends on how
-  many query rows the pass has, see ``_FLASH_DTYPES``), as do GPUs and a torch without that kernel: the grouped
-  scores come from one batched matmul, the sink-augmented softmax runs in float32 and the output from one more
-  batched matmul (still no repeated KV heads; the scores are ``N x S`` per head, small during decoding).
-  Measured on the demo's shapes (CPU, 512-4096 cached tokens): 1.5-10x faster than eager.
+  mass and contributes no value. SDPA has no such term and does not return the log-sum-exp that would let us add
+  it afterwards, so this path computes the grouped scores with one batched matmul, the sink-augmented softmax
+  in float32 and the output with one more batched matmul (still no repeated KV heads; the scores are ``N x S``
+  per head, small during decoding). Measured on the demo's shapes (CPU, 512-4096 cached tokens): 1.5-10x faster
+  than eager, within 1.5x of SDPA without sinks.
 
 Masks are the model's own additive float masks (``eager``'s mask builder is registered under the same name), or
 the 4D tree masks the targets pass. The math is eager's (same masks, same sink softmax); the order of floating
@@ -52,30 +47,6 @@ def _group_mask(mask: torch.Tensor | None, b: int, hkv: int, rep: int, n: int, s
     return mask.view(b, hkv, rep, n, s)
 
 
-#: dtypes whose CPU sink attention takes the flash kernel; float32 keeps the explicit path, whose per-row
-#: arithmetic does not depend on how many query rows a pass has (the flash kernel's blocking does: a row
-#: verified with three others can differ in the last bit from the same row decoded alone)
-_FLASH_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def _flash_cpu() -> Any:
-    """torch's CPU flash-attention op (``(out, logsumexp, ...)``), or ``None`` in a build without it."""
-    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def _sink_attention_cpu(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                        sinks: torch.Tensor, scale: float, b: int, hkv: int, rep: int, n: int, s: int) -> torch.Tensor:
-    """Sink attention from the flash kernel's output and log-sum-exp: ``[B, H_kv, rep * N, D_v]``."""
-    if mask is not None:
-        mask = mask.expand(b, mask.shape[1], rep, n, s).reshape(b, mask.shape[1], rep * n, s)
-    out, lse = _flash_cpu()(q, key, value, attn_mask=mask, scale=scale)[:2]
-    sink = sinks.float().view(1, hkv, rep, 1).expand(b, hkv, rep, n).reshape(b, hkv, rep * n)
-    keep = torch.sigmoid(lse.float() - sink)  # Z / (Z + exp(sink)): the mass the sink leaves to the keys
-    if out.dtype == torch.float32:
-        return out * keep[..., None]
-    return (out.float() * keep[..., None]).to(out.dtype)
-
-
 def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                       s_aux: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -105,9 +76,6 @@ def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
         elif mask is not None:
             mask = mask.squeeze(2)
         out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scale)
-    elif query.device.type == "cpu" and query.dtype in _FLASH_DTYPES and _flash_cpu() is not None:
-        mask = _group_mask(attention_mask, b, hkv, rep, n, s, query.dtype)
-        out = _sink_attention_cpu(q, key, value, mask, sinks, scale, b, hkv, rep, n, s)
     else:
         # [B * H_kv, rep * N, S] scores with one batched matmul over the cache in place (a view, no copy)
         scores = torch.bmm((q * scale).reshape(b * hkv, rep * n, d), key.reshape(b * hkv, s, d).transpose(1, 2))
