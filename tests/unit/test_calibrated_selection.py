@@ -42,32 +42,31 @@ def _pool(gen: torch.Generator, steps: int = 3, top_k: int = 2) -> DraftTree:
     return build_pool(torch.zeros(1, dtype=torch.long), _underconfident_logp((1,), gen), expand, steps, top_k)
 
 
-def _greedy_outcome(tree: DraftTree, rng: np.random.Generator) -> torch.Tensor:
-    """The accepted path of a greedy target that takes the draft's top-1 token with P_ACC_TOP1, its runner-up
-    with P_ACC_TOP2 (else a token the pool lacks): at most one child of an accepted node is accepted."""
+def _greedy_outcome(tree: DraftTree, rng: np.random.Generator) -> list[int]:
+    """The accepted path (node indices, root first) of a greedy target that takes the draft's top-1 token with
+    P_ACC_TOP1, its runner-up with P_ACC_TOP2 (else a token the pool lacks): at most one child of an accepted
+    node is accepted."""
     par = tree.parents[0].tolist()
     lp = tree.logp[0].tolist()
-    acc = torch.zeros_like(tree.valid)
-    acc[0, 0] = True
-    node = 0
+    path = [0]
     while True:
-        kids = sorted((i for i, p in enumerate(par) if p == node), key=lambda i: -lp[i])
+        kids = sorted((i for i, p in enumerate(par) if p == path[-1]), key=lambda i: -lp[i])
         if not kids:
-            return acc
+            return path
         u = rng.random()
         pick = kids[0] if u < P_ACC_TOP1 else kids[1] if u < P_ACC_TOP1 + P_ACC_TOP2 and len(kids) > 1 else None
         if pick is None:
-            return acc
-        acc[0, pick] = True
-        node = pick
+            return path
+        path.append(pick)
 
 
 def _trained_values(steps: int = 150) -> NodeValues:
     gen, rng = torch.Generator().manual_seed(0), np.random.default_rng(0)
     nv = NodeValues(flush_every=4)
     for _ in range(steps):
-        tree = _pool(gen)
-        nv.record(tree, torch.ones_like(tree.valid), _greedy_outcome(tree, rng), temperature=0.0)
+        tree = _pool(gen)  # the whole pool verified: order is the identity
+        order = torch.arange(tree.num_nodes)[None]
+        nv.record(tree, torch.ones_like(tree.valid), order, [_greedy_outcome(tree, rng)], temperature=0.0)
     nv.flush()
     return nv
 

@@ -12,4 +12,5 @@ BENCHES = {
     "selector": "specmoe.bench.selector",
     "goodput": "specmoe.bench.goodput",
     "predictor": "specmoe.bench.predictor",
+    "tree": "specmoe.bench.tree",
 }

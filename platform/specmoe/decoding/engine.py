@@ -367,7 +367,7 @@ class SpeculativeEngine:
             kv.keep_last(width, paths)
             pending = [self._committed(new_rows, paths, vout.hidden, base, dev)]
             if self.values is not None:
-                self.values.record(tree, sel, accepted_in_pool(sel, order, paths, width), temperature)
+                self.values.record(tree, sel, order, paths, temperature)
             finished = not all(active[b] for b in rows)
             if finished:
                 active_t = torch.tensor(active, device=dev)

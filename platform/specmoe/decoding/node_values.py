@@ -28,6 +28,7 @@ paper's ranking. Verification and acceptance do not read the values: losslessnes
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -39,24 +40,25 @@ from specmoe.interfaces.tree import DraftTree
 __all__ = ["NodeValues", "path_values", "accepted_in_pool"]
 
 _CLIP = 1e-6
+_LOG_LO, _LOG_HI = math.log(_CLIP), math.log1p(-_CLIP)
 
 
 def path_values(tree: DraftTree, weights: torch.Tensor) -> torch.Tensor:
     """``[B, N]`` path values of ``tree`` under edge weights ``[4]`` (bias, logit q, depth, log share), the
     features of :class:`~specmoe.decoding.acceptance_model.AcceptanceModel` computed in torch on the tree's
-    device: ``c = sigmoid(w . x)`` per edge (1 at roots), the product over each root-to-node path (float32)."""
-    par = tree.parents
-    child = par >= 0
-    pidx = par.clamp(min=0)
-    lp = torch.nan_to_num(tree.path_logp.float(), nan=-1e4, neginf=-1e4)
-    edge = (lp - lp.gather(1, pidx)).clamp(max=0.0)
-    q = torch.where(child, edge.exp(), torch.zeros_like(edge))
+    device: ``c = sigmoid(w . x)`` per edge (1 at roots), the product over each root-to-node path (float32).
+
+    The edge probability is ``q = exp(DraftTree.logp)`` (the model's ``P(path) / P(parent's path)``, which the
+    pool builder stores per node), the share ``q / sum of q over the parent's children``."""
+    child = tree.parents >= 0
+    pidx = tree.parents.clamp(min=0)
+    lp = tree.logp.float().clamp(_LOG_LO, _LOG_HI)  # log q, clipped as the model clips q
+    q = lp.exp() * child
     total = torch.zeros_like(q).scatter_add_(1, pidx, q).gather(1, pidx)
-    share = torch.where(child & (total > 0), q / total.clamp(min=1e-30), torch.ones_like(q))
-    qc = q.clamp(_CLIP, 1 - _CLIP)
+    x = torch.stack([lp - torch.log1p(-lp.exp()), tree.depth.float(),
+                     (lp - total.clamp(min=1e-30).log()).clamp(max=0.0, min=_LOG_LO)], dim=-1)
     w = weights.to(device=lp.device, dtype=torch.float32)
-    z = w[0] + w[1] * (qc.log() - (-qc).log1p()) + w[2] * tree.depth.float() + w[3] * share.clamp(_CLIP, 1.0).log()
-    log_c = torch.where(child, torch.nn.functional.logsigmoid(z), torch.zeros_like(z))
+    log_c = torch.nn.functional.logsigmoid(x @ w[1:] + w[0]) * child
     return torch.bmm(tree.ancestors().float(), log_c[:, :, None]).squeeze(-1).exp()
 
 
@@ -82,7 +84,7 @@ class NodeValues:
     def __init__(self, window: int = 4096, flush_every: int = 1024) -> None:
         self.model = AcceptanceModel(window=window)
         self.flush_every = max(int(flush_every), 1)
-        self._pending: list[tuple[torch.Tensor, float]] = []
+        self._pending: list[tuple] = []  # per step: the pool's tensors, selected, order, paths, temperature
         self._w: dict[float, tuple[int, torch.Tensor]] = {}  # temperature -> (id of the host weights, tensor)
 
     def weights(self, temperature: float, device: torch.device) -> torch.Tensor:
@@ -98,15 +100,16 @@ class NodeValues:
         """``[B, N]`` calibrated path values of ``tree`` (see :func:`path_values`)."""
         return path_values(tree, self.weights(temperature, tree.tokens.device))
 
-    def record(self, tree: DraftTree, selected: torch.Tensor, accepted: torch.Tensor, temperature: float) -> None:
-        """Keep a step's outcomes (``selected`` / ``accepted`` ``[B, N]`` bool pool masks) on the device
-        (:meth:`flush` hands them to the model)."""
-        rows = torch.stack([tree.path_logp.double(), tree.parents.double(), tree.depth.double(),
-                            (selected & tree.valid).double(), accepted.double()], dim=-1)  # [B, N, 5]
-        if self._pending and (self._pending[-1][0].shape[1] != rows.shape[1]
-                              or self._pending[-1][1] != temperature):
+    def record(self, tree: DraftTree, selected: torch.Tensor, order: torch.Tensor, paths: Sequence[Sequence[int]],
+               temperature: float) -> None:
+        """Keep a step's outcomes: the pool, its selection ``[B, N]``, the verified subset ``order [B, W]`` and
+        each row's accepted path as indices into it (references only: no tensor operation in the step;
+        :meth:`flush` builds and reads them)."""
+        if self._pending and (self._pending[-1][0].shape != tree.path_logp.shape
+                              or self._pending[-1][-1] != temperature):
             self.flush()
-        self._pending.append((rows, temperature))
+        self._pending.append((tree.path_logp, tree.parents, tree.depth, tree.valid, selected, order,
+                              [list(p) for p in paths], temperature))
         if len(self._pending) >= self.flush_every:
             self.flush()
 
@@ -114,8 +117,13 @@ class NodeValues:
         """Hand the kept outcomes to the model (one host read); returns the edge outcomes added."""
         if not self._pending:
             return 0
-        temperature = self._pending[0][1]
-        host = torch.cat([r for r, _ in self._pending], dim=0).cpu().numpy()
+        temperature = self._pending[0][-1]
+        rows = []
+        for path_logp, parents, depth, valid, sel, order, paths, _ in self._pending:
+            acc = accepted_in_pool(sel, order, paths, order.shape[1])
+            rows.append(torch.stack([path_logp.double(), parents.double(), depth.double(), (sel & valid).double(),
+                                     acc.double()], dim=-1))  # [B, N, 5]
         self._pending.clear()
+        host = torch.cat(rows, dim=0).cpu().numpy()
         return self.model.observe_paths(host[..., 0], host[..., 1].astype(np.int64), host[..., 2].astype(np.int64),
                                         host[..., 3] > 0.5, host[..., 4] > 0.5, temperature)
