@@ -467,3 +467,5 @@ def test_adaptive_table_with_the_cross_fitted_best_fixed_gamma():
     first = next(r for r in records if r["dataset"] == "gsm8k")
     assert first["verdict_vs_best_fixed"] in ("faster", "slower", "not resolved")
     assert first["ratio_to_cross_fitted"] == pytest.approx(first["speedup"] / first["best_fixed_cross_fitted"])
+    assert first["ratio_to_cross_fitted_lo"] < first["ratio_to_cross_fitted"] < first["ratio_to_cross_fitted_hi"]
+    assert first["verdict_vs_cross_fitted"] in ("faster", "slower", "not resolved")

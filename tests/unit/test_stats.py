@@ -11,6 +11,7 @@ from specmoe.evaluation.stats import (
     Interval,
     batches_for_margin,
     cross_fit_best,
+    cross_fit_ratio,
     expanded_level,
     ratio_intervals,
     verdict,
@@ -151,3 +152,26 @@ def test_prompts_grow_until_the_margin_is_resolved_or_the_cap(make_target, tmp_p
     assert narrow["sd"].prompt_batches == 9 and len({s["id"] for s in narrow["sd"].per_sample}) == 9
     assert {c.prompt_batches for c in group("listed", None, 0)} == {2}
     assert {c.prompt_batches for c in group("narrow", 1e-9, 9)} == {9}  # read back from the cache
+
+
+def test_ratio_to_the_cross_fitted_best_has_a_conservative_interval():
+    """An adaptive method as fast as seven fixed-γ methods and AR: the interval of its ratio to the cross-fitted
+    best holds 1 (it redoes the choice in every resample, so it errs wide); one 25 % faster is resolved
+    faster."""
+    rng = np.random.default_rng(3)
+
+    def draw(speed: float):
+        method, fixed, ar = [], [], []
+        for _ds in range(2):
+            base = rng.integers(60, 200, size=16) / rng.lognormal(0.0, 0.3, size=16)
+            ar.append(base * rng.lognormal(0.0, 0.08, size=16))
+            fixed.append(base * rng.lognormal(0.0, 0.08, size=(7, 16)))
+            method.append(speed * base * rng.lognormal(0.0, 0.08, size=16))
+        return cross_fit_ratio(method, fixed, ar, splits=10, resamples=1000, seed=int(rng.integers(1 << 30)))
+
+    same = [draw(1.0) for _ in range(100)]
+    assert np.mean([iv.lo <= 1.0 <= iv.hi for iv in same]) >= 0.95
+    assert abs(np.mean([iv.value for iv in same]) - 1.0) < 0.01
+    faster = [draw(1.25) for _ in range(20)]
+    assert np.mean([iv.verdict() == "faster" for iv in faster]) >= 0.9
+    assert cross_fit_ratio([np.ones(1)], [np.ones((2, 1))], [np.ones(1)]) is None

@@ -31,7 +31,14 @@ from typing import Any, Iterable, Sequence
 from specmoe.errors import UserError
 from specmoe.evaluation.report import BATCHES_ARTIFACT, PROMPT_BATCHES
 from specmoe.evaluation.results import CellResult
-from specmoe.evaluation.stats import LEVEL, batches_for_margin, cross_fit_best, pair_interval
+from specmoe.evaluation.stats import (
+    LEVEL,
+    Interval,
+    batches_for_margin,
+    cross_fit_best,
+    cross_fit_ratio,
+    pair_interval,
+)
 from specmoe.metrics import get as get_metric
 from specmoe.metrics import names as metric_names
 from specmoe.tracking.schema import CELL_KIND, records_csv
@@ -374,10 +381,9 @@ def _tps(cell: CellResult) -> list[float] | None:
     return [v[0] for v in vals] if vals and all(v is not None for v in vals) else None
 
 
-def _cross_fit(here: Sequence[CellResult], datasets: Sequence[str]) -> float | None:
-    """The cross-fitted best fixed-γ speedup over ``datasets`` (one member chosen for all of them on half of
-    each dataset's prompt batches, measured on the other half; :func:`cross_fit_best`), ``None`` without the
-    per-batch values."""
+def _cross_fit_data(here: Sequence[CellResult], datasets: Sequence[str]) -> tuple[list, list] | None:
+    """Per dataset, the ``[M, n]`` tokens/s of the fixed-γ members present in every dataset and AR's ``[n]``
+    (the input of :func:`cross_fit_best`), ``None`` without the per-batch values."""
     fixed: dict[str, dict[str, list[float]]] = {}
     ar: dict[str, list[float]] = {}
     for c in here:
@@ -392,8 +398,27 @@ def _cross_fit(here: Sequence[CellResult], datasets: Sequence[str]) -> float | N
               if all(d in v and d in ar and len(v[d]) == len(ar[d]) for d in datasets)]
     if not labels:
         return None
-    out = cross_fit_best([[fixed[lab][d] for lab in labels] for d in datasets], [ar[d] for d in datasets])
+    return [[fixed[lab][d] for lab in labels] for d in datasets], [ar[d] for d in datasets]
+
+
+def _cross_fit(here: Sequence[CellResult], datasets: Sequence[str]) -> float | None:
+    """The cross-fitted best fixed-γ speedup over ``datasets`` (one member chosen for all of them on half of
+    each dataset's prompt batches, measured on the other half; :func:`cross_fit_best`), ``None`` without the
+    per-batch values."""
+    data = _cross_fit_data(here, datasets)
+    out = cross_fit_best(*data) if data else None
     return out["cross_fitted"] if out else None
+
+
+def _cross_fit_interval(here: Sequence[CellResult], name: str, datasets: Sequence[str]) -> Interval | None:
+    """The adaptive member ``name`` over the cross-fitted best fixed γ, with its interval
+    (:func:`cross_fit_ratio`)."""
+    data = _cross_fit_data(here, datasets)
+    mine = [_cell_of(here, name, d) for d in datasets]
+    tps = [_tps(c) if c is not None else None for c in mine]
+    if data is None or any(t is None or len(t) != len(a) for t, a in zip(tps, data[1])):
+        return None
+    return cross_fit_ratio(tps, *data)
 
 
 def _cell_of(here: Sequence[CellResult], label: str, dataset: str) -> CellResult | None:
@@ -458,8 +483,14 @@ def adaptive_tables(cells: Iterable[CellResult]) -> list[Table]:
                                    verdict_vs_best_fixed=pair.verdict())
                         shown = True
                 if fitted:
-                    extra.append("n/a cross-fitted" if crat is None else f"{crat:.2f}x cross-fitted")
+                    civ = _cross_fit_interval(here, name, over) if crat is not None else None
+                    extra.append("n/a cross-fitted" if crat is None else
+                                 f"{civ.format() if civ is not None and civ.resolved else f'{crat:.2f}x'} cross-fitted")
                     rec.update(best_fixed_cross_fitted=cf, ratio_to_cross_fitted=crat)
+                    if civ is not None and civ.resolved:
+                        rec.update(ratio_to_cross_fitted_lo=civ.lo, ratio_to_cross_fitted_hi=civ.hi,
+                                   verdict_vs_cross_fitted=civ.verdict())
+                        shown = True
                 row.append(text + (f" ({', '.join(extra)})" if extra else ""))
                 records.append(rec)
             rows.append(row)
@@ -470,7 +501,8 @@ def adaptive_tables(cells: Iterable[CellResult]) -> list[Table]:
             notes = ["best fixed γ (in-sample max): the fastest non-adaptive method and γ measured on the same "
                      "prompts it is compared on (biased upwards: the maximum of noisy measurements); "
                      "cross-fitted: chosen on half of the prompt batches, measured on the other half, averaged "
-                     "over 50 random halves (Average: one choice for all datasets)"]
+                     "over 50 random halves (Average: one choice for all datasets); its interval redoes the choice "
+                     "in every resample on one random half, so it errs wide"]
         if shown:
             notes.append(f"[lo, hi]: {LEVEL:.0%} confidence interval, paired bootstrap over the group's prompt "
                          "batches")
