@@ -16,6 +16,21 @@ pytest_plugins = ["fixtures.tiny", "fixtures.agreeing", "fixtures.traces"]
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_user_cache(tmp_path_factory):
+    """Tests write no user cache of the machine (e.g. the ``precision: auto`` decision): ``XDG_CACHE_HOME`` is
+    a fresh directory for the session."""
+    import os
+
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 @pytest.fixture(autouse=True)
 def _seeded():
     """Every test starts from the same random state, whatever ran before it: a test that draws unseeded data

@@ -36,7 +36,11 @@ def test_bench_engine_reports_everything(make_target, capsys):
                 "ar_vs_generate", "t_verify_ms", "t_total_ms"):
         assert r[key] > 0, key
     assert set(r["prune_us"]) == {16, 64} and all(v > 0 for v in r["prune_us"].values())
-    assert r["counts"]["ops"]["verify"] > 0 and r["counts"]["syncs"]["verify"] == 0
+    assert r["counts"]["ops"]["verify"] > 0
+    # verification reads nothing back but, on a CPU, the union experts loop's per-expert slot counts (one read
+    # per MoE layer, free where host and device are one; GPUs take grouped_mm, which reads nothing)
+    verify_reads = {k for k in r["counts"]["sync_kinds"] if k.startswith("verify:")}
+    assert verify_reads <= {"verify:tolist"} and r["counts"]["syncs"]["verify"] <= target.num_moe_layers
     assert set(r["verifiers"]) == {"hf", "torch_union"} and all(v["ms"] > 0 for v in r["verifiers"].values())
     text = bench._report(r, args)
     assert "roofline" in text and "host syncs / step" in text and "KV pruning" in text
