@@ -140,3 +140,17 @@ def test_every_shipped_recipe_validates():
         except ConfigError as exc:
             problems.append(exc.report())
     assert not problems, "\n".join(problems)
+
+
+def test_prompts_for_margin_and_max_prompts_are_checked_before_any_work():
+    from pathlib import Path
+
+    from specmoe.config.errors import ConfigError
+    from specmoe.config.load import load_recipe
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "tiny_gsm8k.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_recipe(recipe, ["eval.prompts_for_margin=2", "eval.max_prompts=0"], check_plugins=False)
+    text = str(err.value)
+    assert "eval.prompts_for_margin" in text and "(0, 1)" in text and "eval.max_prompts" in text
+    assert load_recipe(recipe, ["eval.prompts_for_margin=0.05"], check_plugins=False).eval.prompts_for_margin == 0.05

@@ -283,7 +283,12 @@ class Validator:
         if ev is None:
             return
         for key, low, what in (("repeats", 1, "timed generations per prompt batch"),
-                               ("warmup", 0, "untimed warm-up generations")):
+                               ("warmup", 0, "untimed warm-up generations"),
+                               ("max_prompts", 1, "prompts per group at most")):
             value = getattr(ev, key, None)
             if isinstance(value, int) and value < low:
                 self.error(f"eval.{key}", f"must be >= {low} ({what}), got {value}")
+        margin = getattr(ev, "prompts_for_margin", None)
+        if margin is not None and not (isinstance(margin, (int, float)) and 0 < margin < 1):
+            self.error("eval.prompts_for_margin", f"must be a relative margin in (0, 1), e.g. 0.02, or null; got "
+                                                  f"{margin}")
