@@ -27,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="checkpoint directory (default: the demo architecture, random weights)")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--drafter", default="eagle3", help="eagle3 (untrained unless --drafter-path), mtp, draft_model")
+    p.add_argument("--drafter", default="eagle3",
+                   help="a registered drafter (`platform ls drafters`); untrained unless --drafter-path, or drafting "
+                        "with the target itself where the drafter has a share_target option")
     p.add_argument("--drafter-path", default=None)
     p.add_argument("--predictor", default="router_on_embedding", help="goodput's expert predictor")
     p.add_argument("--predictor-path", default=None)
@@ -48,14 +50,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _drafter(target: Any, args: argparse.Namespace) -> Any:
     from specmoe.registry import drafters
 
+    cls = drafters.get(args.drafter)
     if args.drafter_path:
-        d = drafters.get(args.drafter)(path=args.drafter_path)
-    elif args.drafter == "draft_model":
-        d = drafters.get("draft_model")(share_target=True)
+        d = cls(path=args.drafter_path)
+    elif _can_share_target(cls):  # a drafter that can draft with the target itself needs no weights of its own
+        d = cls(share_target=True)
     else:
-        d = drafters.get(args.drafter)(init={"seed": 0})
+        d = cls(init={"seed": 0})
     d.setup(target)
     return d
+
+
+def _can_share_target(cls: type) -> bool:
+    """Whether a drafter plugin's ``Config`` has a ``share_target`` option (draft with the target's own weights)."""
+    import dataclasses
+
+    config = getattr(cls, "Config", None)
+    return dataclasses.is_dataclass(config) and any(f.name == "share_target" for f in dataclasses.fields(config))
 
 
 def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:

@@ -29,8 +29,9 @@ CASES: dict[str, tuple[int, int, int, float]] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--selectors", default="ecospec,goodput,global_cost,confidence",
-                   help="comma-separated registered selector names or 'package.module:Class' import paths")
+    p.add_argument("--selectors", default=None,
+                   help="comma-separated registered selector names or 'package.module:Class' import paths "
+                        "(default: every registered selector)")
     p.add_argument("--set", action="append", default=None, metavar="SELECTOR.KEY=VALUE",
                    help="a selector option (repeatable; VALUE is JSON or a string); default: goodput.stop=best_prefix "
                         "(its greedy always runs to gamma: the worst case)")
@@ -147,7 +148,12 @@ def run(args: argparse.Namespace) -> int:
     from specmoe.errors import UserError
 
     torch.set_num_threads(args.threads)
-    names = [s for s in args.selectors.split(",") if s]
+    if args.selectors is None:
+        from specmoe.registry import selectors
+
+        names = selectors.names()
+    else:
+        names = [s for s in args.selectors.split(",") if s]
     cases = [c for c in args.cases.split(",") if c]
     bad = [c for c in cases if c not in CASES]
     if bad:

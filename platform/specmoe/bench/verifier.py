@@ -15,6 +15,7 @@ its timings mean little).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib
 import statistics
@@ -58,7 +59,8 @@ _EXPERTS = {
                     ("hidden_size", "moe_intermediate_size", "n_routed_experts")),
 }
 _UNIONS = ("min", "mid", "max")
-_IMPLS = ("hf_grouped_mm", "hf_eager", "torch_union", "triton_union", "triton_graph")
+_HF_IMPLS = ("hf_grouped_mm", "hf_eager")  # transformers' own experts code (no plugin)
+_GRAPH = "_graph"  # suffix: a compiled verifier replayed from a CUDA graph
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1, help="sequences per step (T = gamma * batch)")
     parser.add_argument("--unions", default="min,mid,max",
                         help="union sizes: min (= k), mid, max (all distinct)")
-    parser.add_argument("--impls", default=",".join(_IMPLS), help="implementations to time")
+    parser.add_argument("--impls", default=None,
+                        help="implementations to time (default: hf_grouped_mm, hf_eager and every registered "
+                             "verifier with its own experts forward; <verifier>_graph: replayed from a CUDA graph)")
     parser.add_argument("--iters", type=int, default=None,
                         help="timed calls per cell (default 20 GPU, 3 CPU)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3 GPU, 1 CPU)")
@@ -120,35 +124,68 @@ def _union_sizes(t: int, k: int, e: int, which: list[str]) -> list[tuple[str, in
     return out
 
 
+def _verifier_classes() -> dict[str, type]:
+    """Registered verifiers that compute the experts themselves (they override ``experts_forward``; the others
+    select one of ``transformers``' own implementations), in registry order."""
+    from specmoe.interfaces.verifier import Verifier
+    from specmoe.registry import verifiers
+
+    return {n: cls for n in verifiers.names()
+            if getattr(cls := verifiers.get(n), "experts_forward", None) is not Verifier.experts_forward}
+
+
+def _compiled(cls: type) -> bool:
+    """A verifier with compiled kernels (a ``kernels()`` module): GPU only, also timed replayed from a CUDA graph."""
+    return callable(getattr(cls, "kernels", None))
+
+
+def implementation_names() -> list[str]:
+    """``transformers``' own experts code, every registered verifier with its own experts forward and, for those
+    with compiled kernels, their CUDA-graph replay (``<name>_graph``)."""
+    names = list(_HF_IMPLS)
+    for name, cls in _verifier_classes().items():
+        names += [name, name + _GRAPH] if _compiled(cls) else [name]
+    return names
+
+
+def _build_verifier(cls: type) -> Any:
+    """A verifier with its token cap (``max_tokens``, where its ``Config`` has one) lifted: the bench times the
+    kernels at every T, never the fallback above the cap."""
+    config = getattr(cls, "Config", None)
+    fields = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set()
+    return cls(max_tokens=1 << 30) if "max_tokens" in fields else cls()
+
+
 def _impls(names: list[str], on_gpu: bool) -> tuple[dict[str, Callable], list[str]]:
     """The runnable implementations and messages about those skipped."""
     from transformers.integrations.moe import grouped_mm_experts_forward
 
-    from specmoe.kernels.union_torch import union_experts_forward
-    from specmoe.registry import verifiers
-
     fns: dict[str, Callable] = {
         "hf_grouped_mm": grouped_mm_experts_forward,
         "hf_eager": lambda m, *a: type(m).forward.__wrapped__(m, *a),
-        "torch_union": union_experts_forward,
     }
     notes: list[str] = []
-    wanted = [n for n in names if n.startswith("triton")]
-    if wanted and not on_gpu:
-        notes.append("triton_union: skipped on CPU (the interpreter is not a benchmark)")
-    elif wanted:
+    for name, cls in _verifier_classes().items():
+        if name not in names and name + _GRAPH not in names:
+            continue
+        if _compiled(cls) and not on_gpu:
+            notes.append(f"{name}: skipped on CPU (the interpreter is not a benchmark)")
+            continue
         try:
-            verifier = verifiers.get("triton_union")(max_tokens=1 << 30)
-            if verifier.kernels().is_interpreted():
+            verifier = _build_verifier(cls)
+            if _compiled(cls) and verifier.kernels().is_interpreted():
                 raise RuntimeError("TRITON_INTERPRET is set")
-            fns["triton_union"] = verifier.experts_forward
-            fns["triton_graph"] = verifier.experts_forward  # replayed from a CUDA graph by the timer
         except Exception as exc:  # noqa: BLE001 - report and go on with the other implementations
-            notes.append(f"triton_union: skipped ({exc})")
-    unknown = [n for n in names if n not in _IMPLS]
+            notes.append(f"{name}: skipped ({exc})")
+            continue
+        fns[name] = verifier.experts_forward
+        if _compiled(cls):
+            fns[name + _GRAPH] = verifier.experts_forward  # replayed from a CUDA graph by the timer
+    known = implementation_names()
+    unknown = [n for n in names if n not in known]
     if unknown:
         notes.append(f"unknown implementations ignored: {', '.join(unknown)} "
-                     f"(choose from {', '.join(_IMPLS)})")
+                     f"(choose from {', '.join(known)})")
     return {n: fns[n] for n in names if n in fns}, notes
 
 
@@ -207,6 +244,7 @@ def sweep(models: list[str], gammas: list[int], batch: int, unions: list[str], i
     dtype = torch.bfloat16 if on_gpu else torch.float32
     specs = MODELS if on_gpu else TINY_MODELS
     fns, notes = _impls(impl_names, on_gpu)
+    verifier_names = set(_verifier_classes())
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=device) if on_gpu else None
     rows: list[dict[str, Any]] = []
     for model_name in models:
@@ -227,11 +265,11 @@ def sweep(models: list[str], gammas: list[int], batch: int, unions: list[str], i
                 for name, fn in fns.items():
                     try:
                         call = functools.partial(fn, module, x, idx, w)
-                        row[name] = _time(call, on_gpu, warmup, iters, flush, graph=name == "triton_graph")
+                        row[name] = _time(call, on_gpu, warmup, iters, flush, graph=name.endswith(_GRAPH))
                     except Exception as exc:  # noqa: BLE001 - one failing implementation keeps the table
                         row[name] = None
                         notes.append(f"{model_name} T={t} {name}: {type(exc).__name__}: {exc}")
-                    if ref is not None and name in ("torch_union", "triton_union"):
+                    if ref is not None and name in verifier_names:
                         diff = (fn(module, x, idx, w).float() - ref).abs().max() / ref.abs().max()
                         row[f"{name}_diff"] = float(diff)
                 rows.append(row)
@@ -279,9 +317,10 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("bench verifier: CUDA is not available: skipping the GPU sweep (real expert shapes, bf16); "
               "running the tiny CPU sweep of the PyTorch implementations instead")
-    impls = [n for n in args.impls.split(",") if n]
-    if not on_gpu:
-        impls = [n for n in impls if not n.startswith("triton")]
+    impls = implementation_names() if args.impls is None else [n for n in args.impls.split(",") if n]
+    if not on_gpu:  # compiled verifiers (and their graph replays) time nothing meaningful on a CPU
+        compiled = {n for n, cls in _verifier_classes().items() if _compiled(cls)}
+        impls = [n for n in impls if n not in compiled and n.removesuffix(_GRAPH) not in compiled]
     torch.manual_seed(args.seed)
     read_bw = copy_bw = None
     if on_gpu:

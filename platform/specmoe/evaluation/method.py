@@ -40,10 +40,12 @@ class Method:
                 self.predictor = build(cfg.predictor)
                 if self.predictor.uses_draft_features and self.drafter.feature_size <= 0:
                     from specmoe.errors import UserError
+                    from specmoe.registry import drafters
 
+                    others = [n for n in drafters.names() if n != cfg.drafter.name]
                     raise UserError(f"method '{cfg.name}': predictor '{cfg.predictor.name}' reads the drafter's "
                                     f"node features, which drafter '{cfg.drafter.name}' does not provide (use "
-                                    f"eagle3, gto, mtp or draft_model)")
+                                    f"a drafter with node features; registered: {', '.join(others)})")
                 self.predictor.setup(target)
             self.engine = SpeculativeEngine(target, self.drafter, self.selector, self.predictor)
         elif cfg.predictor is not None:

@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Core (``platform/specmoe``) names no plugin: it asks the registry (issue 24, point 2).
+
+The check reads pyproject.toml's ``specmoe.*`` entry-point names and walks the AST of every module under
+``platform/specmoe``: a string literal (f-string pieces included) *equal* to a plugin name is a violation. Prose
+that mentions a plugin inside a longer sentence, identifiers and English words are not (``confidence`` the
+variable is fine; ``"confidence"`` the registry key is not).
+
+``PENDING`` lists, per file, the names still there, with the reason and the part of issue 24 that removes them.
+It is debt, not an allow-list: the test fails on any occurrence not listed *and* on a listed one that is gone,
+so the list can only shrink (delete the entry when you clean a file).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CORE = ROOT / "platform" / "specmoe"
+
+#: file (relative to platform/specmoe) -> plugin names still quoted there. Each line says why and what removes it.
+PENDING: dict[str, set[str]] = {
+    # plugin benchmarks still in core; 24.1 moves each into its plugin's folder (found through an entry-point group)
+    "bench/__init__.py": {"goodput"},  # bench name of the goodput selector's benchmark (24.1)
+    "bench/goodput.py": {"goodput", "confidence", "eagle3", "router_on_embedding"},  # goodput's own bench (24.1)
+    "bench/cost_calibration.py": {"draft_model", "confidence"},  # goodput cost model calibration (24.1)
+    "bench/predictor.py": {"learned", "hf"},  # learned / draft_head predictor bench (24.1)
+    "bench/engine.py": {"draft_model", "eagle3", "gto", "ecospec", "router_on_embedding", "hf", "torch_union",
+                        "triton_union"},  # engine bench defaults (owned by the decoding/bench engineers)
+    "bench/tree.py": {"confidence", "eagle3", "router_on_embedding", "gsm8k"},  # tree bench defaults (not ours)
+    "bench/peer.py": {"eagle3", "goodput", "hf", "router_on_embedding", "gsm8k"},  # peer-engine bench defaults
+    "bench/expert_latency.py": {"hf"},  # cost calibration's expert timing (24.1, with goodput)
+    # defaults of the recipe schema and CLIs: to come from the registry (a registry default, 24.2 follow-up)
+    "config/schema.py": {"confidence", "hf"},
+    "cli/traces.py": {"hf"},
+    # drafter checkpoint-format sniffing and the vLLM peer's method names (owned by the drafting / peer engineers)
+    "drafting/__init__.py": {"eagle3", "gto", "mtp"},
+    "peer/vllm_runner.py": {"eagle3"},
+    # stage names used as cache-directory names by core helpers (24.1 moves these stages' code to their folders)
+    "traces/collect.py": {"collect_traces"},
+    "traces/token_table.py": {"build_token_table"},
+}
+
+
+def plugin_names() -> dict[str, list[str]]:
+    """Every entry-point name of a ``specmoe.*`` group in pyproject.toml -> its groups (Python 3.10 has no
+    ``tomllib``: there the installed distribution's entry points, which the install wrote from pyproject.toml)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        groups: dict[str, list[str]] = {}
+        for ep in importlib.metadata.distribution("specmoe").entry_points:
+            groups.setdefault(ep.group, []).append(ep.name)
+    else:
+        groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    out: dict[str, list[str]] = {}
+    for group, entries in groups.items():
+        if group.startswith("specmoe."):
+            for name in entries:
+                out.setdefault(name, []).append(group)
+    return out
+
+
+def quoted_names(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every string literal in ``source`` equal to one of ``names``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+            found.append((node.lineno, node.value))
+    return found
+
+
+def core_occurrences(names: set[str]) -> dict[str, dict[str, list[int]]]:
+    out: dict[str, dict[str, list[int]]] = {}
+    for path in sorted(CORE.rglob("*.py")):
+        for line, name in quoted_names(path.read_text(), names):
+            out.setdefault(path.relative_to(CORE).as_posix(), {}).setdefault(name, []).append(line)
+    return out
+
+
+def test_the_check_sees_plugin_names_and_ignores_words():
+    names = {"eagle3", "confidence", "hf"}
+    src = ('confidence = 0.5\n'                       # an identifier: fine
+           'msg = "the confidence of eagle3 drafts"\n'  # prose: fine
+           'd = drafters.get("eagle3")\n'             # a registry key: found
+           'x = {"hf": 1}\n'                          # a dict key: found
+           'y = f"{confidence}: hf"\n')               # an f-string piece that is not exactly a name: fine
+    assert quoted_names(src, names) == [(3, "eagle3"), (4, "hf")]
+
+
+def test_entry_points_are_read():
+    names = plugin_names()
+    installed = {ep.name for ep in importlib.metadata.distribution("specmoe").entry_points
+                 if ep.group.startswith("specmoe.")}
+    assert len(names) > 20 and set(names) == installed
+
+
+def test_core_quotes_no_plugin_name_beyond_the_pending_list():
+    names = plugin_names()
+    found = core_occurrences(set(names))
+    new = {f"{f}:{lines[0]}: {n!r} ({', '.join(names[n])})"
+           for f, by_name in found.items() for n, lines in by_name.items() if n not in PENDING.get(f, set())}
+    assert not new, ("core names a plugin; ask the registry (names(), a plugin's own attributes or Config, the "
+                     "target) instead:\n" + "\n".join(sorted(new)))
+    stale = {f"{f}: {n!r}" for f, ns in PENDING.items() for n in ns if n not in found.get(f, {})}
+    assert not stale, "no longer in core, delete from PENDING:\n" + "\n".join(sorted(stale))
