@@ -17,6 +17,12 @@ would let children beat their parents.) The Gaussian prior is centred on ``w = (
 (MAP, Newton) on a sliding window of edge outcomes: every verified non-root node whose parent was accepted, a
 success when it was accepted too. ``w1 >= 0`` and ``w3 >= 0`` are enforced.
 
+``first=True`` adds a fifth feature, whether the edge is its parent's likeliest drafted child (``w4 * [q = max of the
+siblings' q]``, prior 0, ``w4 >= 0``): at T = 0 siblings are exclusive (at most one child of an accepted node is
+accepted) and a trained draft's argmax is accepted most of the time even where its share is about even, which a
+logistic in ``log s`` alone cannot express (the tree selectors' node values use it,
+:mod:`specmoe.decoding.node_values`; goodput keeps the four features).
+
 Calibration is reported on the window's edge outcomes as the Brier score and the expected calibration error
 (ECE, equal-width bins).
 """
@@ -34,6 +40,8 @@ _PRIOR = np.array([0.0, 1.0, 0.0, 0.0])
 #: roughly constant factor in odds (EAGLE-3 heads trained with a soft target are under-confident at T = 0),
 #: which the bias absorbs from a few dozen outcomes; the other terms move only with more evidence
 _PRIOR_SCALE = np.array([0.05, 1.0, 1.0, 0.05])
+#: the fifth weight (likeliest child) with ``first=True``: prior 0, as weak as the bias
+_FIRST_PRIOR, _FIRST_SCALE = 0.0, 0.05
 _CLIP = 1e-6
 
 
@@ -42,16 +50,21 @@ def temperature_key(temperature: float) -> float:
     return 0.0 if temperature <= 0 else round(float(temperature), 3)
 
 
-def _features(logp: np.ndarray, depth: np.ndarray, share: np.ndarray | None = None) -> np.ndarray:
+def _features(logp: np.ndarray, depth: np.ndarray, share: np.ndarray | None = None,
+              first: np.ndarray | None = None) -> np.ndarray:
     p = np.clip(np.exp(np.asarray(logp, dtype=np.float64)), _CLIP, 1 - _CLIP)
     log_s = np.zeros_like(p) if share is None else np.log(np.clip(np.asarray(share, np.float64), _CLIP, 1.0))
-    return np.stack([np.ones_like(p), np.log(p) - np.log1p(-p),
-                     np.broadcast_to(np.asarray(depth, dtype=np.float64), p.shape), log_s], axis=-1)
+    cols = [np.ones_like(p), np.log(p) - np.log1p(-p), np.broadcast_to(np.asarray(depth, dtype=np.float64), p.shape),
+            log_s]
+    if first is not None:
+        cols.append(np.broadcast_to(np.asarray(first, dtype=np.float64), p.shape))
+    return np.stack(cols, axis=-1)
 
 
-def _tree_edges(path_logp: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Flat ``[B*N]`` parent indices, edge log-probabilities ``log q`` and sibling shares ``s`` of a tree
-    (roots and padding: share 1; padding nodes, ``-inf`` / NaN path probabilities, weigh nothing)."""
+def _tree_edges(path_logp: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Flat ``[B*N]`` parent indices, edge log-probabilities ``log q``, sibling shares ``s`` and whether the edge is
+    its parent's likeliest child, of a tree (roots and padding: share 1; padding nodes, ``-inf`` / NaN path
+    probabilities, weigh nothing)."""
     lp = np.asarray(path_logp, dtype=np.float64)
     par = np.asarray(parents, dtype=np.int64)
     b, n = lp.shape
@@ -62,7 +75,10 @@ def _tree_edges(path_logp: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray,
     q = np.where(child, np.exp(edge), 0.0)
     total = np.bincount(flat_par, q, minlength=b * n)[flat_par]
     share = np.where(child & (total > 0), q / np.where(total > 0, total, 1.0), 1.0)
-    return flat_par, edge, share
+    best = np.zeros(b * n)
+    np.maximum.at(best, flat_par, q)
+    first = (child & (q >= best[flat_par])).astype(np.float64)
+    return flat_par, edge, share, first
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -73,21 +89,22 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 _MONOTONE = (1, 3)
 
 
-def _map_fit(x: np.ndarray, y: np.ndarray, lam: np.ndarray, fixed: set[int]) -> np.ndarray:
-    """MAP logistic weights (Gaussian prior ``_PRIOR``, precisions ``lam``) by Newton with backtracking
+def _map_fit(x: np.ndarray, y: np.ndarray, lam: np.ndarray, fixed: set[int],
+             prior: np.ndarray = _PRIOR) -> np.ndarray:
+    """MAP logistic weights (Gaussian prior ``prior``, precisions ``lam``) by Newton with backtracking
     (plain Newton can diverge on logistic losses); the weights in ``fixed`` stay at 0."""
-    free = np.array([i for i in range(len(_PRIOR)) if i not in fixed])
-    w = _PRIOR.copy()
+    free = np.array([i for i in range(len(prior)) if i not in fixed])
+    w = prior.copy()
     w[list(fixed)] = 0.0
 
     def objective(v: np.ndarray) -> float:  # negative log-posterior
         z = x @ v
-        return float(np.sum(np.logaddexp(0.0, z) - y * z) + 0.5 * np.sum(lam * (v - _PRIOR) ** 2))
+        return float(np.sum(np.logaddexp(0.0, z) - y * z) + 0.5 * np.sum(lam * (v - prior) ** 2))
 
     f = objective(w)
     for _ in range(50):
         p = _sigmoid(x @ w)
-        grad = (x.T @ (p - y) + lam * (w - _PRIOR))[free]
+        grad = (x.T @ (p - y) + lam * (w - prior))[free]
         hess = ((x * (p * (1 - p))[:, None]).T @ x + np.diag(lam))[np.ix_(free, free)]
         step = np.zeros_like(w)
         step[free] = np.linalg.solve(hess, grad)
@@ -120,8 +137,8 @@ def expected_calibration_error(pred: np.ndarray, outcome: np.ndarray, bins: int 
 class _Window:
     """Ring buffer of (features [4], outcome) pairs."""
 
-    def __init__(self, size: int) -> None:
-        self.x = np.zeros((size, len(_PRIOR)))
+    def __init__(self, size: int, dim: int = len(_PRIOR)) -> None:
+        self.x = np.zeros((size, dim))
         self.y = np.zeros(size)
         self.n = 0
         self.head = 0
@@ -149,8 +166,12 @@ class AcceptanceModel:
             and depth weights; the bias and share weights get a twentieth of it.
     """
 
-    def __init__(self, window: int = 4096, refit_every: int = 128, prior_strength: float = 20.0) -> None:
+    def __init__(self, window: int = 4096, refit_every: int = 128, prior_strength: float = 20.0,
+                 first: bool = False) -> None:
         self.window, self.refit_every, self.prior_strength = window, refit_every, prior_strength
+        self.first = first
+        self.prior = np.append(_PRIOR, _FIRST_PRIOR) if first else _PRIOR
+        self.prior_scale = np.append(_PRIOR_SCALE, _FIRST_SCALE) if first else _PRIOR_SCALE
         self.weights: dict[float, np.ndarray] = {}
         self._win: dict[float, _Window] = {}
         self._since: dict[float, int] = {}
@@ -161,14 +182,17 @@ class AcceptanceModel:
 
     def weights_for(self, temperature: float) -> np.ndarray:
         """``[4]`` (bias, logit q, depth, log share) weights used at ``temperature``."""
-        return self.weights.get(temperature_key(temperature), _PRIOR)
+        return self.weights.get(temperature_key(temperature), self.prior)
 
     def predict(self, edge_logp: np.ndarray, depth: np.ndarray, temperature: float,
-                share: np.ndarray | None = None) -> np.ndarray:
+                share: np.ndarray | None = None, first: np.ndarray | None = None) -> np.ndarray:
         """Edge acceptance probabilities ``c`` from edge log-probabilities ``log q`` (same shape; ``depth`` and
         the sibling shares ``share`` broadcastable to it, ``None``: 1, an only child). A node's path acceptance
         is :meth:`predict_paths`."""
-        return _sigmoid(_features(edge_logp, depth, share) @ self.weights_for(temperature))
+        if self.first and first is None:
+            first = np.ones(np.shape(edge_logp))  # an only child is its parent's likeliest
+        return _sigmoid(_features(edge_logp, depth, share, first if self.first else None)
+                        @ self.weights_for(temperature))
 
     def predict_paths(self, path_logp: np.ndarray, parents: np.ndarray, depth: np.ndarray,
                       temperature: float) -> np.ndarray:
@@ -182,8 +206,8 @@ class AcceptanceModel:
         par = np.asarray(parents, dtype=np.int64)
         dep = np.asarray(depth, dtype=np.int64)
         b, n = par.shape
-        flat_par, edge, share = _tree_edges(path_logp, par)
-        log_c = np.log(np.clip(self.predict(edge, dep.reshape(-1), temperature, share), 1e-300, 1.0))
+        flat_par, edge, share, first = _tree_edges(path_logp, par)
+        log_c = np.log(np.clip(self.predict(edge, dep.reshape(-1), temperature, share, first), 1e-300, 1.0))
         log_a = np.zeros(b * n)
         d_flat = dep.reshape(-1)
         for d in range(1, int(d_flat.max(initial=0)) + 1):  # one vectorised step per depth level
@@ -198,24 +222,28 @@ class AcceptanceModel:
         Returns the number of outcomes added."""
         par = np.asarray(parents, dtype=np.int64)
         acc = np.asarray(accepted, dtype=bool)
-        flat_par, edge, share = _tree_edges(path_logp, par)
+        flat_par, edge, share, first = _tree_edges(path_logp, par)
         m = np.asarray(verified, dtype=bool).reshape(-1) & (par.reshape(-1) >= 0) & acc.reshape(-1)[flat_par]
         f = np.flatnonzero(m)
         if f.size:
-            self.observe(edge[f], np.asarray(depth).reshape(-1)[f], acc.reshape(-1)[f], temperature, share[f])
+            self.observe(edge[f], np.asarray(depth).reshape(-1)[f], acc.reshape(-1)[f], temperature, share[f],
+                         first[f])
         return int(f.size)
 
     def observe(self, edge_logp: np.ndarray, depth: np.ndarray, accepted: np.ndarray, temperature: float,
-                share: np.ndarray | None = None) -> None:
+                share: np.ndarray | None = None, first: np.ndarray | None = None) -> None:
         """Add edge outcomes (flat arrays: the edge's log-probability ``log q``, the node's depth, whether it
         was accepted given its parent was, the edge's sibling share, ``None``: 1); refits as the class
         docstring says."""
         key = temperature_key(temperature)
-        x = _features(np.ravel(edge_logp), np.ravel(depth), None if share is None else np.ravel(share))
+        if self.first:
+            first = np.ones(np.size(edge_logp)) if first is None else np.ravel(first)
+        x = _features(np.ravel(edge_logp), np.ravel(depth), None if share is None else np.ravel(share),
+                      first if self.first else None)
         y = np.ravel(np.asarray(accepted, dtype=np.float64))
         if y.size == 0:
             return
-        self._win.setdefault(key, _Window(self.window)).add(x, y)
+        self._win.setdefault(key, _Window(self.window, len(self.prior))).add(x, y)
         self._since[key] = self._since.get(key, 0) + y.size
         if self._since[key] >= min(self.refit_every, max(8, self._win[key].n // 4)):
             self.refit(key)
@@ -232,8 +260,8 @@ class AcceptanceModel:
         x, y = win.data()
         fixed: set[int] = set()
         while True:
-            w = _map_fit(x, y, self.prior_strength * _PRIOR_SCALE, fixed)
-            negative = {i for i in _MONOTONE if w[i] < 0} - fixed
+            w = _map_fit(x, y, self.prior_strength * self.prior_scale, fixed, self.prior)
+            negative = {i for i in (*_MONOTONE, 4)[:len(self.prior) - 2] if w[i] < 0} - fixed
             if not negative:
                 break
             fixed |= negative
@@ -255,6 +283,6 @@ class AcceptanceModel:
     def from_dict(cls, d: dict[str, Any], **kwargs: Any) -> "AcceptanceModel":
         m = cls(**kwargs)
         # weights saved before the share term (3 of them) read with a share weight of 0
-        m.weights = {float(k): np.pad(np.asarray(w, dtype=np.float64), (0, len(_PRIOR) - len(w)))
+        m.weights = {float(k): np.pad(np.asarray(w, dtype=np.float64), (0, len(m.prior) - len(w)))
                      for k, w in d.get("weights", {}).items()}
         return m

@@ -44,7 +44,8 @@ _LOG_LO, _LOG_HI = math.log(_CLIP), math.log1p(-_CLIP)
 
 
 def path_values(tree: DraftTree, weights: torch.Tensor) -> torch.Tensor:
-    """``[B, N]`` path values of ``tree`` under edge weights ``[4]`` (bias, logit q, depth, log share), the
+    """``[B, N]`` path values of ``tree`` under edge weights ``[4]`` (bias, logit q, depth, log share) or ``[5]``
+    (and the likeliest-child indicator, ``AcceptanceModel(first=True)``), the
     features of :class:`~specmoe.decoding.acceptance_model.AcceptanceModel` computed in torch on the tree's
     device: ``c = sigmoid(w . x)`` per edge (1 at roots), the product over each root-to-node path (float32).
 
@@ -55,8 +56,12 @@ def path_values(tree: DraftTree, weights: torch.Tensor) -> torch.Tensor:
     lp = tree.logp.float().clamp(_LOG_LO, _LOG_HI)  # log q, clipped as the model clips q
     q = lp.exp() * child
     total = torch.zeros_like(q).scatter_add_(1, pidx, q).gather(1, pidx)
-    x = torch.stack([lp - torch.log1p(-lp.exp()), tree.depth.float(),
-                     (lp - total.clamp(min=1e-30).log()).clamp(max=0.0, min=_LOG_LO)], dim=-1)
+    cols = [lp - torch.log1p(-lp.exp()), tree.depth.float(),
+            (lp - total.clamp(min=1e-30).log()).clamp(max=0.0, min=_LOG_LO)]
+    if weights.shape[0] == 5:
+        best = torch.zeros_like(q).scatter_reduce_(1, pidx, q, "amax").gather(1, pidx)
+        cols.append((q >= best).float())
+    x = torch.stack(cols, dim=-1)
     w = weights.to(device=lp.device, dtype=torch.float32)
     log_c = torch.nn.functional.logsigmoid(x @ w[1:] + w[0]) * child
     return torch.bmm(tree.ancestors().float(), log_c[:, :, None]).squeeze(-1).exp()
@@ -82,7 +87,7 @@ class NodeValues:
     """
 
     def __init__(self, window: int = 4096, flush_every: int = 1024) -> None:
-        self.model = AcceptanceModel(window=window)
+        self.model = AcceptanceModel(window=window, first=True)
         self.flush_every = max(int(flush_every), 1)
         self._pending: list[tuple] = []  # per step: the pool's tensors, selected, order, paths, temperature
         self._w: dict[float, tuple[int, torch.Tensor]] = {}  # temperature -> (id of the host weights, tensor)
