@@ -13,4 +13,5 @@ BENCHES = {
     "goodput": "specmoe.bench.goodput",
     "predictor": "specmoe.bench.predictor",
     "tree": "specmoe.bench.tree",
+    "peer": "specmoe.bench.peer",
 }

@@ -1,0 +1,118 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``platform bench peer`` without vLLM: its specmoe side on a tiny predictable target with a draft that agrees
+with it (fixtures/agreeing.py), and its argument checks (one clear message each, no vLLM needed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from fixtures.agreeing import bigram_eagle3, predictable_checkpoint
+
+from specmoe.bench import peer
+from specmoe.errors import UserError
+from specmoe.registry import targets
+
+
+def _args(**kw) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    peer.add_arguments(p)
+    argv = []
+    for k, v in kw.items():
+        flag = "--" + k.replace("_", "-")
+        argv += [flag] if v is True else [flag, str(v)]
+    return p.parse_args(argv)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("peer")
+    target_dir = predictable_checkpoint("gpt_oss", root)
+    draft_dir = bigram_eagle3(targets.get("hf")(path=str(target_dir)), root / "draft")
+    return target_dir, draft_dir
+
+
+def test_specmoe_side_rows_agreement_and_tracking(models, tmp_path, capsys):
+    target_dir, draft_dir = models
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = _args(target=target_dir, drafter_path=draft_dir, engines="specmoe", random_prompts=9, prompts=2,
+                 new_tokens=10, max_drafts=2, tree_shapes="tree3=3/2/2", passes=2, tracking_uri=uri,
+                 json=tmp_path / "peer.json")
+    assert peer.run(args) == 0
+    r = json.loads((tmp_path / "peer.json").read_text())
+    rows = r["rows"]
+    expected = {"specmoe/ar", "specmoe/chain1/confidence", "specmoe/chain2/confidence", "specmoe/goodput@3",
+                *(f"specmoe/tree3/{s}/{c}" for s in ("confidence", "ecospec") for c in ("raw", "cal"))}
+    assert set(rows) == expected
+    assert [rows[n]["gamma"] for n in rows] == sorted(rows[n]["gamma"] for n in rows)  # aligned by γ
+    assert rows["specmoe/chain2/confidence"]["gamma"] == 3 and rows["specmoe/ar"]["tokens_per_step"] == 1.0
+    for name, m in rows.items():
+        assert len(m["tok_s_passes"]) == 2 and m["tok_s"] == max(m["tok_s_passes"]), name
+        assert m["agreement"] == 1.0, name  # lossless: every method's greedy output is ar's
+        assert m["vs_vllm_best"] is None
+        assert len(m["outputs"]) == 2
+    assert r["agreement_reference"] == "specmoe/ar"
+    # the agreeing draft is accepted: the chain of 2 commits more than one token per step, at both positions
+    chain = rows["specmoe/chain2/confidence"]
+    assert chain["tokens_per_step"] > 1.5 and len(chain["acceptance_by_position"]) == 2
+    assert chain["acceptance_by_position"][1] > 0
+    assert "specmoe/chain2/confidence" in capsys.readouterr().out
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("bench_peer")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.run_id == r["mlflow_run_id"]
+    assert run.data.metrics["specmoe/chain2/confidence/tokens_per_step"] == pytest.approx(chain["tokens_per_step"])
+    assert run.data.params["dtype"] == "float32"
+
+
+def test_agreement_counts_identical_outputs_up_to_an_eos():
+    ref = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8], [5, 6]]
+    assert peer.agreement([[1, 2, 3, 4], [1, 2, 9], [5, 6, 7, 8], [5, 6]], ref, eos={9}) == 0.75
+    # a shorter output agrees only when it ends at an EOS id
+    assert peer.agreement([[1, 2], [1, 2, 3, 4], [5, 6, 7, 8], [5, 6]], ref, eos={2}) == 1.0
+    assert peer.agreement([[1, 2], [1, 2, 3, 4], [5, 6, 7, 8], [5, 6]], ref, eos={7}) == 0.75
+
+
+def _message(args: argparse.Namespace) -> str:
+    with pytest.raises(UserError) as exc:
+        peer.run(args)
+    return str(exc.value)
+
+
+def test_old_format_draft_is_refused_with_the_rewrite_command(models, tmp_path):
+    target_dir, draft_dir = models
+    old = tmp_path / "old_draft"
+    old.mkdir()
+    cfg = json.loads((draft_dir / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 1]
+    (old / "config.json").write_text(json.dumps(cfg))
+    msg = _message(_args(target=target_dir, drafter_path=old, engines="specmoe"))
+    assert "old-format" in msg and "[0, 1, 1]" in msg
+    assert f"python -m specmoe_plugins.drafters.eagle3.checkpoint {old} NEW_DIR" in msg
+
+
+def test_argument_checks(models, tmp_path, monkeypatch):
+    target_dir, draft_dir = models
+    monkeypatch.delenv("SPECMOE_VLLM_PYTHON", raising=False)
+    msg = _message(_args(target=target_dir, drafter_path=draft_dir))
+    assert "docker/vllm_env.sh" in msg and "--vllm-python" in msg and "SPECMOE_VLLM_PYTHON" in msg
+    msg = _message(_args(target=target_dir, drafter_path=draft_dir, vllm_python=tmp_path / "nope"))
+    assert "is not an executable python" in msg
+    assert "--engines" in _message(_args(target=target_dir, drafter_path=draft_dir, engines="sglang"))
+    assert "--target" in _message(_args(drafter_path=draft_dir, engines="specmoe"))
+    assert "has no config.json" in _message(_args(target=tmp_path, drafter_path=draft_dir, engines="specmoe"))
+    assert "--drafter-path" in _message(_args(target=target_dir, engines="specmoe"))
+    assert f"cannot read {tmp_path}/config.json" in _message(
+        _args(target=target_dir, drafter_path=tmp_path, engines="specmoe"))
+    assert "--passes must be >= 1" in _message(
+        _args(target=target_dir, drafter_path=draft_dir, engines="specmoe", passes=0))
+    assert "--tree-shapes 't=4/3': bench tree: --shapes entry" in _message(
+        _args(target=target_dir, drafter_path=draft_dir, engines="specmoe", tree_shapes="t=4/3"))
+    assert "--goodput must be a JSON object" in _message(
+        _args(target=target_dir, drafter_path=draft_dir, engines="specmoe", goodput="[1]"))

@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``platform bench peer`` end to end with the real vLLM (its own environment, ``SPECMOE_VLLM_PYTHON``).
+
+A tiny predictable GPT-OSS target (fixtures/agreeing.py's embedding scaling, with a head size vLLM's CPU
+attention supports) and the EAGLE-3 draft built from its own weights (``bigram_eagle3``, exported with
+``save_eagle3``): both engines on 2 prompts, few tokens, vLLM configs 0 and 1 and specmoe's ar and chain of 1,
+one pass. Skipped without ``SPECMOE_VLLM_PYTHON`` (``bash docker/vllm_env.sh`` prints it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+import torch
+from fixtures.agreeing import EMBED_SCALE, bigram_eagle3
+
+from specmoe.bench import peer
+from specmoe.registry import targets
+
+VLLM_PYTHON = os.environ.get("SPECMOE_VLLM_PYTHON", "")
+pytestmark = [pytest.mark.vllm]
+if not VLLM_PYTHON:
+    pytestmark.append(pytest.mark.skip(reason="SPECMOE_VLLM_PYTHON is not set: point it at the python of vLLM's "
+                                              "environment (bash docker/vllm_env.sh prints it)"))
+
+
+def test_bench_peer_runs_both_engines(tmp_path):
+    import transformers
+
+    from specmoe.models.tiny import build_tiny_model
+
+    torch.set_num_threads(1)
+    src = build_tiny_model("gpt_oss", tmp_path / "random", seed=0, num_attention_heads=2, num_key_value_heads=1,
+                           head_dim=32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(EMBED_SCALE["gpt_oss"])
+    model.save_pretrained(tmp_path / "target")
+    draft = bigram_eagle3(targets.get("hf")(path=str(tmp_path / "target")), tmp_path / "draft")
+
+    p = argparse.ArgumentParser()
+    peer.add_arguments(p)
+    args = p.parse_args(["--target", str(tmp_path / "target"), "--drafter-path", str(draft), "--random-prompts",
+                         "8", "--prompts", "2", "--new-tokens", "12", "--max-drafts", "1", "--tree-shapes", "",
+                         "--goodput", "", "--passes", "1", "--vllm-python", VLLM_PYTHON,
+                         "--no-tracking", "--json", str(tmp_path / "peer.json")])
+    assert peer.run(args) == 0
+    r = json.loads((tmp_path / "peer.json").read_text())
+    rows = r["rows"]
+    assert list(rows) == ["vllm/no_spec", "specmoe/ar", "vllm/eagle3_chain1", "specmoe/chain1/confidence"]
+    assert r["agreement_reference"] == "vllm/no_spec" and r["vllm"]["vllm_version"]
+    for name, m in rows.items():
+        assert m["agreement"] == 1.0, name  # greedy: both engines, with and without the draft, agree
+        assert m["vs_vllm_best"] > 0
+    assert max(m["vs_vllm_best"] for n, m in rows.items() if n.startswith("vllm/")) == 1.0
+    # the same draft on the same prompts: one position, the same acceptance in both engines
+    v, s = rows["vllm/eagle3_chain1"], rows["specmoe/chain1/confidence"]
+    assert v["acceptance_by_position"][0] > 0
+    assert len(v["acceptance_by_position"]) == len(s["acceptance_by_position"]) == 1
