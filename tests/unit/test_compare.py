@@ -15,9 +15,7 @@ import pytest
 from specmoe.cli.ui import ui_command
 from specmoe.config.schema import TrackingConfig
 from specmoe.errors import UserError
-from specmoe.evaluation.results import CellResult
-from specmoe.tracking import Tracker, cell_run_name, cell_tags
-from specmoe.tracking.compare import (
+from specmoe.evaluation.report_tables import (
     build_tables,
     compare,
     load_cells,
@@ -25,6 +23,8 @@ from specmoe.tracking.compare import (
     resolve_uri,
     speedup_by_gamma,
 )
+from specmoe.evaluation.results import CellResult
+from specmoe.tracking import Tracker, cell_run_name, cell_tags
 
 # (method, dataset) -> metrics at T=0; T=1 uses speedup - 0.1 and E + 1
 T0 = {
@@ -469,3 +469,16 @@ def test_adaptive_table_with_the_cross_fitted_best_fixed_gamma():
     assert first["ratio_to_cross_fitted"] == pytest.approx(first["speedup"] / first["best_fixed_cross_fitted"])
     assert first["ratio_to_cross_fitted_lo"] < first["ratio_to_cross_fitted"] < first["ratio_to_cross_fitted_hi"]
     assert first["verdict_vs_cross_fitted"] in ("faster", "slower", "not resolved")
+
+
+def test_old_tracking_compare_module_gives_the_moved_names_with_a_warning():
+    import importlib
+
+    from specmoe.evaluation import report_tables
+
+    old = importlib.import_module("specmoe.tracking.compare")
+    for name in report_tables.__all__:
+        with pytest.warns(DeprecationWarning, match=f"specmoe.evaluation.report_tables.{name}"):
+            assert getattr(old, name) is getattr(report_tables, name)
+    with pytest.raises(AttributeError, match="deprecated alias"):
+        old.not_a_name  # noqa: B018

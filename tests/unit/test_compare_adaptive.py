@@ -8,9 +8,9 @@ import time
 
 from specmoe.config.schema import TrackingConfig
 from specmoe.evaluation.report import calibration_metrics, log_cell
+from specmoe.evaluation.report_tables import compare
 from specmoe.evaluation.results import CellResult
 from specmoe.tracking import Tracker
-from specmoe.tracking.compare import compare
 
 CAL = {"cost": {"coef": {"fixed": 1e-3, "tokens": 2e-4}, "median_abs_rel_error": 0.05, "p90_abs_rel_error": 0.2,
                 "n": 3, "heldout": {"median_abs_rel_error": 0.08, "p90_abs_rel_error": 0.3, "n": 3},

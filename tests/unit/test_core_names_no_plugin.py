@@ -30,7 +30,7 @@ PENDING: dict[str, set[str]] = {
     "bench/engine.py": {"draft_model", "eagle3", "gto", "ecospec", "router_on_embedding", "hf", "torch_union",
                         "triton_union"},  # engine bench defaults (owned by the decoding/bench engineers)
     "bench/tree.py": {"confidence", "eagle3", "router_on_embedding", "gsm8k"},  # tree bench defaults (not ours)
-    "bench/peer.py": {"eagle3", "goodput", "hf", "router_on_embedding", "gsm8k"},  # peer-engine bench defaults
+    "bench/peer.py": {"eagle3", "goodput", "hf", "router_on_embedding"},  # peer-engine bench defaults
     "bench/expert_latency.py": {"hf"},  # cost calibration's expert timing (24.1, with goodput)
     # defaults of the recipe schema and CLIs: to come from the registry (a registry default, 24.2 follow-up)
     "config/schema.py": {"confidence", "hf"},
@@ -92,9 +92,10 @@ def test_the_check_sees_plugin_names_and_ignores_words():
 
 def test_entry_points_are_read():
     names = plugin_names()
+    assert len(names) > 20 and all(g.startswith("specmoe.") for gs in names.values() for g in gs)
     installed = {ep.name for ep in importlib.metadata.distribution("specmoe").entry_points
                  if ep.group.startswith("specmoe.")}
-    assert len(names) > 20 and set(names) == installed
+    assert installed and installed <= set(names)  # the install's entry points came from this pyproject.toml
 
 
 def test_core_quotes_no_plugin_name_beyond_the_pending_list():
@@ -104,5 +105,9 @@ def test_core_quotes_no_plugin_name_beyond_the_pending_list():
            for f, by_name in found.items() for n, lines in by_name.items() if n not in PENDING.get(f, set())}
     assert not new, ("core names a plugin; ask the registry (names(), a plugin's own attributes or Config, the "
                      "target) instead:\n" + "\n".join(sorted(new)))
+
+
+def test_the_pending_list_only_shrinks():
+    found = core_occurrences(set(plugin_names()))
     stale = {f"{f}: {n!r}" for f, ns in PENDING.items() for n in ns if n not in found.get(f, {})}
     assert not stale, "no longer in core, delete from PENDING:\n" + "\n".join(sorted(stale))

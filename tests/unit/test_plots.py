@@ -8,7 +8,7 @@ import random
 import pytest
 
 from specmoe.decoding.records import StepRecord
-from specmoe.tracking.plots import (
+from specmoe.evaluation.report_plots import (
     fig_cumulative_experts,
     fig_expert_heatmap,
     fig_latency_vs_experts,
@@ -123,3 +123,14 @@ def test_speedup_vs_gamma_error_bars(tmp_path):
     assert segments == [pytest.approx((3.0, 1.20, 1.33)), pytest.approx((4.0, 1.30, 1.50))]
     assert "95 % intervals" in ax.get_title()
     _save(fig, tmp_path / "speedup_gamma_bars.png")
+
+
+def test_old_tracking_plots_module_gives_the_moved_names_with_a_warning():
+    import importlib
+
+    from specmoe.evaluation import report_plots
+
+    old = importlib.import_module("specmoe.tracking.plots")
+    for name in report_plots.__all__:
+        with pytest.warns(DeprecationWarning, match=f"specmoe.evaluation.report_plots.{name}"):
+            assert getattr(old, name) is getattr(report_plots, name)

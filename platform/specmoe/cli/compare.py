@@ -67,7 +67,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from specmoe.tracking.compare import compare, resolve_uri
+    from specmoe.evaluation.report_tables import compare
+    from specmoe.tracking.runs import resolve_uri
 
     text = compare(
         resolve_uri(args.uri),

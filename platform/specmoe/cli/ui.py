@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import subprocess
 
-    from specmoe.tracking.compare import resolve_uri
+    from specmoe.tracking.runs import resolve_uri
 
     uri = resolve_uri(args.uri)
     if uri.startswith(("http://", "https://", "databricks")):

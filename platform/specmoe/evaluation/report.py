@@ -26,8 +26,8 @@ def interval_metrics(cell: CellResult) -> dict[str, float]:
 
 
 def build_report_tables(cells: Sequence[CellResult]) -> list[Any]:
-    """Table 1 and Table 3 of this run's cells (:func:`specmoe.tracking.compare.build_tables`)."""
-    from specmoe.tracking.compare import build_tables
+    """Table 1 and Table 3 of this run's cells (:func:`specmoe.evaluation.report_tables.build_tables`)."""
+    from specmoe.evaluation.report_tables import build_tables
 
     return build_tables(cells)
 
@@ -38,7 +38,7 @@ def write_results(cells: Sequence[CellResult], tables: list[Any], out: Path) -> 
     text rendering of the tables."""
     import json
 
-    from specmoe.tracking.compare import render
+    from specmoe.evaluation.report_tables import render
     from specmoe.utils.files import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +109,7 @@ def calibration_metrics(cal: dict[str, Any]) -> dict[str, float]:
 def _log_calibration(run: Any, cell: CellResult) -> None:
     """The cell's cost-model coefficients and errors, acceptance calibration and AR floor decisions as
     metrics, the whole calibration as ``calibration.json`` and a predicted-vs-measured T_verify plot."""
-    from specmoe.tracking import plots
+    from specmoe.evaluation import report_plots as plots
 
     cal = cell.calibration or {}
     run.log_metrics(calibration_metrics(cal))
@@ -121,9 +121,9 @@ def _log_calibration(run: Any, cell: CellResult) -> None:
 
 
 def _figures(cells: Sequence[CellResult]) -> dict[str, Any]:
+    from specmoe.evaluation import report_plots as plots
     from specmoe.evaluation.cell import add_counts
-    from specmoe.tracking import plots
-    from specmoe.tracking.compare import speedup_by_gamma, speedup_intervals_by_gamma
+    from specmoe.evaluation.report_tables import speedup_by_gamma, speedup_intervals_by_gamma
 
     by_method: dict[str, list[dict[str, Any]]] = {}
     counts: dict[str, list[list[int]] | None] = {}
@@ -150,7 +150,7 @@ def _figures(cells: Sequence[CellResult]) -> dict[str, Any]:
 def log_summary(tracker: Any, parent: Any, cells: Sequence[CellResult], tables: list[Any], out_dir: Path) -> None:
     """Plots (Fig. 1a, 1b, 4, speedup vs γ) into ``out_dir/plots`` and the parent run, and the comparison
     tables (built once, by the caller) as ``comparison/tables.md`` and ``comparison/tables.csv``."""
-    from specmoe.tracking.compare import render
+    from specmoe.evaluation.report_tables import render
 
     plot_dir = out_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Reading cell runs back from an MLflow store: which store, the finished cell runs of an experiment, and the
+JSON artifacts of a run. MLflow only: turning runs into results is the evaluation's
+(:mod:`specmoe.evaluation.report_tables`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from specmoe.errors import UserError
+from specmoe.tracking.schema import CELL_KIND
+
+__all__ = ["resolve_uri", "search_cell_runs", "json_artifacts"]
+
+
+def resolve_uri(uri: str | None, workdir: Path | None = None) -> str:
+    """``uri`` > ``$MLFLOW_TRACKING_URI`` > ``sqlite:///<workdir>/mlflow.db`` (which must exist)."""
+    from specmoe.tracking.uri import default_uri
+
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    workdir = Path(workdir or Path.cwd())
+    if not (workdir / "mlflow.db").is_file():
+        raise UserError(f"no MLflow store found: {workdir / 'mlflow.db'} does not exist. Run from the "
+                        "directory where the recipe ran, or pass --uri (or set MLFLOW_TRACKING_URI)")
+    return default_uri(workdir)
+
+
+def search_cell_runs(uri: str, experiment: str, run_id: str | None = None) -> list[Any]:
+    """The FINISHED runs tagged ``specmoe.kind=cell`` of ``experiment`` (of parent ``run_id`` when given), as
+    MLflow ``Run`` objects in start-time order."""
+    from mlflow import MlflowClient
+
+    from specmoe.tracking.uri import check_uri
+
+    check_uri(uri)
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise UserError(f"experiment {experiment!r} not found at {uri}; experiments there: "
+                        f"{', '.join(names) or '(none)'}")
+    flt = f"tags.`specmoe.kind` = '{CELL_KIND}' and attributes.status = 'FINISHED'"
+    if run_id and not re.fullmatch(r"[\w-]+", run_id):
+        raise UserError(f"--run-id {run_id!r} is not an MLflow run id (letters, digits, '_', '-')")
+    if run_id:
+        flt += f" and tags.`specmoe.parent` = '{run_id}'"
+    runs, token = [], None
+    while True:
+        page = client.search_runs([exp.experiment_id], filter_string=flt, max_results=1000, page_token=token,
+                                  order_by=["attributes.start_time ASC"])
+        runs += list(page)
+        token = page.token
+        if not token:
+            break
+    return runs
+
+
+@contextmanager
+def json_artifacts(uri: str) -> Iterator[Callable[[str, str], Any]]:
+    """A reader ``read(run_id, name)`` -> the parsed JSON artifact ``name`` of a run, or ``None`` where the run
+    has none (MLflow's per-download progress bar off meanwhile); errors of the store propagate."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+
+    def read(run_id: str, name: str) -> Any:
+        if not any(f.path == name for f in client.list_artifacts(run_id)):
+            return None
+        with tempfile.TemporaryDirectory() as tmp:
+            return json.loads(Path(client.download_artifacts(run_id, name, tmp)).read_text())
+
+    bar = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # one bar per run otherwise
+    try:
+        yield read
+    finally:
+        if bar is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bar
