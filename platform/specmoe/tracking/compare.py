@@ -11,4 +11,4 @@ from specmoe.utils.deprecation import moved_names
 
 __all__ = list(_new.__all__)  # served by __getattr__
 
-__getattr__, __dir__ = moved_names(__name__, _new, __all__)
+__getattr__, __dir__ = moved_names(__name__, _new, __all__, use=None)

@@ -13,19 +13,23 @@ __all__ = ["moved_names", "REMOVED_IN"]
 REMOVED_IN = "0.3.0"
 
 
-def moved_names(old: str, new: ModuleType, names: list[str]) -> tuple[Callable[[str], Any], Callable[[], list]]:
+def moved_names(old: str, new: ModuleType, names: list[str], use: str | None = "specmoe.plugin_api"
+                ) -> tuple[Callable[[str], Any], Callable[[], list]]:
     """``(__getattr__, __dir__)`` for a deprecated module ``old`` whose ``names`` now live in ``new``.
 
     Taking a name gives ``getattr(new, name)`` and emits a :class:`DeprecationWarning` naming the new place and
-    the stable plugin API; any other name is an :class:`AttributeError` that says where to look.
+    where to import it from (``use``: the stable plugin API by default; ``None``: the new module); any other name
+    is an :class:`AttributeError` that says where to look.
     """
+    use = use or new.__name__
 
     def getattr_(name: str) -> Any:
         if name not in names:
             raise AttributeError(f"module {old!r} has no attribute {name!r} (it is a deprecated alias of "
-                                 f"{new.__name__!r}; import from 'specmoe.plugin_api')")
-        warnings.warn(f"'{old}.{name}' moved to '{new.__name__}.{name}': import it from 'specmoe.plugin_api' "
-                      f"(the stable plugin API); the alias '{old}' will be removed in specmoe {REMOVED_IN}",
+                                 f"{new.__name__!r}; import from {use!r})")
+        warnings.warn(f"'{old}.{name}' moved to '{new.__name__}.{name}': import it from '{use}'"
+                      f"{' (the stable plugin API)' if use == 'specmoe.plugin_api' else ''}; the alias '{old}' will "
+                      f"be removed in specmoe {REMOVED_IN}",
                       DeprecationWarning, stacklevel=2)
         return getattr(new, name)
 
