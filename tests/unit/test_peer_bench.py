@@ -52,6 +52,7 @@ def test_specmoe_side_rows_agreement_and_tracking(models, tmp_path, capsys):
     for name, m in rows.items():
         assert len(m["tok_s_passes"]) == 2 and m["tok_s"] == max(m["tok_s_passes"]), name
         assert m["agreement"] == 1.0, name  # lossless: every method's greedy output is ar's
+        assert m["agreement_own"] == 1.0, name
         assert m["vs_vllm_best"] is None
         assert len(m["outputs"]) == 2
     assert r["agreement_reference"] == "specmoe/ar"

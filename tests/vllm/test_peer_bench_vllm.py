@@ -54,6 +54,7 @@ def test_bench_peer_runs_both_engines(tmp_path):
     assert r["agreement_reference"] == "vllm/no_spec" and r["vllm"]["vllm_version"]
     for name, m in rows.items():
         assert m["agreement"] == 1.0, name  # greedy: both engines, with and without the draft, agree
+        assert m["agreement_own"] == 1.0, name
         assert m["vs_vllm_best"] > 0
     assert max(m["vs_vllm_best"] for n, m in rows.items() if n.startswith("vllm/")) == 1.0
     # the same draft on the same prompts: one position, the same acceptance in both engines

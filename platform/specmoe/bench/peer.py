@@ -16,7 +16,9 @@ Rows are aligned by verified tokens per step γ (vLLM's ``num_speculative_tokens
 tokens/s (wall clock, batch 1, prefill included, as vLLM's runner measures), tokens per step (bonus included),
 per-position acceptance (share of speculative steps that accepted at least d drafts; vLLM's
 ``accepted_per_pos / drafts``), greedy agreement with vLLM's no-speculation outputs (share of prompts whose
-output is identical: the same tokens up to the shorter one's end at an EOS) and the ratio to vLLM's best
+output is identical: the same tokens up to the shorter one's end at an EOS) and with the same engine's own
+no-speculation outputs (specmoe's losslessness; in bf16 the two engines' kernels round differently, so their
+greedy outputs may part where two logits nearly tie), and the ratio to vLLM's best
 tokens/s. Both engines stop at the target's EOS ids or after ``--new-tokens``.
 
 **Load.** The engines are measured in ``--passes`` alternating passes (vLLM, specmoe, vLLM, specmoe, ...), each
@@ -320,6 +322,7 @@ def _keep_faster(best: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]
 def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Every row of the module docstring: per method gamma, tok_s (best pass), tok_s_passes, tokens_per_step,
     acceptance_by_position, agreement (with vLLM's no-speculation outputs; with specmoe's ar without vLLM),
+    agreement_own (with the same engine's no-speculation outputs),
     vs_vllm_best; and the run's settings."""
     import torch
 
@@ -343,8 +346,10 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     ref_name = "vllm/no_spec" if "vllm/no_spec" in best else "specmoe/ar"
     ref = best[ref_name]["outputs"]
     vbest = max((r["tok_s"] for n, r in best.items() if n.startswith("vllm/")), default=None)
-    for row in best.values():
+    for name, row in best.items():
         row["agreement"] = agreement(row["outputs"], ref, eos)
+        own = "vllm/no_spec" if name.startswith("vllm/") else "specmoe/ar"
+        row["agreement_own"] = agreement(row["outputs"], best[own]["outputs"], eos) if own in best else None
         row["vs_vllm_best"] = row["tok_s"] / vbest if vbest else None
     order = sorted(best, key=lambda n: (best[n]["gamma"], not n.startswith("vllm/"), n))
     return {"rows": {n: best[n] for n in order}, "agreement_reference": ref_name, "prompts": len(prompts),
@@ -370,15 +375,17 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
              f"prompts, {r['new_tokens']} new tokens, greedy, batch 1, threads {r['threads']}, {r['passes']} "
              f"alternating passes (faster kept)  cpu {r['cpu']}  torch {r['torch_version']}"
              + (f"  vLLM {v['vllm_version']} (torch {v['torch_version']})" if v else ""),
-             f"{'method':<34} {'γ':>2} {'tok/s':>8} {'vs vLLM best':>12} {'tok/step':>8} {'agree':>6}  "
+             f"{'method':<34} {'γ':>2} {'tok/s':>8} {'vs vLLM best':>12} {'tok/step':>8} {'agree':>6} {'own':>5}  "
              f"accepted >= d drafts (d = 1..)   [tok/s per pass]"]
     for name, m in r["rows"].items():
         ratio = f"{m['vs_vllm_best']:.3f}x" if m["vs_vllm_best"] is not None else "-"
         lines.append(f"{name:<34} {m['gamma']:>2} {m['tok_s']:8.1f} {ratio:>12} {m['tokens_per_step']:8.3f} "
-                     f"{m['agreement']:6.2f}  " + " / ".join(f"{x:.2f}" for x in m["acceptance_by_position"])
+                     f"{m['agreement']:6.2f} {m['agreement_own']:5.2f}  "
+                     + " / ".join(f"{x:.2f}" for x in m["acceptance_by_position"])
                      + "   [" + ", ".join(f"{x:.1f}" for x in m["tok_s_passes"]) + "]"
                      + (f"  AR-floor steps {100 * m['ar_step_share']:.0f} %" if "goodput" in name else ""))
-    lines.append(f"agreement: share of prompts with output identical to {r['agreement_reference']}'s")
+    lines.append(f"agree: share of prompts with output identical to {r['agreement_reference']}'s; own: to the "
+                 f"same engine's no-speculation output (vllm/no_spec, specmoe/ar)")
     return "\n".join(lines)
 
 
@@ -397,7 +404,8 @@ def _track(r: dict[str, Any], args: argparse.Namespace) -> str | None:
         for name, m in r["rows"].items():
             key = name.replace("@", "_at_")
             metrics.update({f"{key}/tok_s": m["tok_s"], f"{key}/tokens_per_step": m["tokens_per_step"],
-                            f"{key}/agreement": m["agreement"], f"{key}/vs_vllm_best": m["vs_vllm_best"]})
+                            f"{key}/agreement": m["agreement"],
+                            f"{key}/agreement_own": m["agreement_own"], f"{key}/vs_vllm_best": m["vs_vllm_best"]})
             for d, a in enumerate(m["acceptance_by_position"], 1):
                 metrics[f"{key}/acceptance_pos{d}"] = a
         h.log_metrics(metrics)
