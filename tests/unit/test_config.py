@@ -47,7 +47,8 @@ def test_base_merge_interpolation_and_typed_plugins(recipe):
     assert cfg.name == "exp"
     assert cfg.decoding.budget == 4 and cfg.decoding.max_new_tokens == 32 and cfg.decoding.steps == 3
     eco = cfg.methods[2]
-    assert eco.selector.name == "ecospec" and eco.selector.options == {"eps": 1e-6, "shared_buffer": False}
+    assert eco.selector.name == "ecospec" and eco.selector.options == {"eps": 1e-6, "shared_buffer": False,
+                                                                                 "calibrated": True}
     assert eco.predictor.name == "router_on_embedding"
     assert cfg.methods[0].drafter is None and cfg.methods[0].verifier.name == "hf"
     assert cfg.target.options["tiny"] == {"arch": "qwen3_moe"}

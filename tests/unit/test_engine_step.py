@@ -83,8 +83,10 @@ def test_logits_only_where_asked(make_target, arch):
 
 
 def test_engine_step_reads_the_device_twice(make_target):
-    """Per step at T = 0: the verification pass never reads device values on the host, and the engine's glue
-    (everything but the drafter, predictor and selector) reads twice: the selection, the acceptance."""
+    """Per step at T = 0: the verification pass reads no device values on the host but, on a CPU, the union
+    experts loop's per-expert slot counts (one read per MoE layer, free where host and device are one; GPUs take
+    grouped_mm, which reads nothing), and the engine's glue (everything but the drafter, predictor and selector)
+    reads twice: the selection, the acceptance."""
     from specmoe.bench.engine import count_step_ops
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.registry import drafters, predictors, selectors
@@ -98,7 +100,9 @@ def test_engine_step_reads_the_device_twice(make_target):
     prompt = random_prompts(1, [20], target.vocab_size, seed=4)[0]
     counts = count_step_ops(engine, prompt, 12, 4)
     assert counts["steps"] > 3
-    assert counts["syncs"]["verify"] == 0 and counts["syncs"]["draft"] == 0
+    assert counts["syncs"]["draft"] == 0
+    assert {k for k in counts["sync_kinds"] if k.startswith("verify:")} <= {"verify:tolist"}
+    assert counts["syncs"]["verify"] <= target.num_moe_layers
     assert counts["syncs"]["rest"] == pytest.approx(2.0)
     assert counts["ops"]["verify"] > 0
 
