@@ -35,6 +35,7 @@ passes, training).
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -90,6 +91,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.t().reshape(*x.shape[:-1], weight.shape[0])
 
 
+@functools.lru_cache(maxsize=1)
+def _onednn_bf16() -> bool:
+    """Whether oneDNN runs bf16 matmuls on this CPU (AVX-512 or AMX; not on an AVX2-only CPU, where its bf16
+    linear refuses to run): only then are weights packed for it."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (RuntimeError, AttributeError):
+        return False
+
+
 def _packed(layer: torch.nn.Linear) -> torch.Tensor | None:
     """``layer``'s weight in oneDNN's layout (packed on first use and whenever the weight changed), or
     ``None`` where this torch / CPU cannot pack it."""
@@ -98,10 +109,12 @@ def _packed(layer: torch.nn.Linear) -> torch.Tensor | None:
     cached = layer.__dict__.get("_specmoe_packed")
     if cached is not None and cached[0] == stamp:
         return cached[1]
-    try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach())
-    except (RuntimeError, AttributeError):
-        packed = None
+    packed = None
+    if _onednn_bf16():
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w.detach())
+        except (RuntimeError, AttributeError):
+            packed = None
     layer.__dict__["_specmoe_packed"] = (stamp, packed)
     return packed
 
