@@ -3,6 +3,7 @@
 
 from specmoe.registry.kinds import (
                                     KINDS,
+                                    benches,
                                     datasets,
                                     drafters,
                                     predictors,
@@ -14,6 +15,7 @@ from specmoe.registry.kinds import (
 )
 from specmoe.registry.registry import (
                                     DuplicatePluginError,
+                                    ModuleRegistry,
                                     Registry,
                                     RegistryError,
                                     UnknownPluginError,
@@ -21,6 +23,6 @@ from specmoe.registry.registry import (
                                     normalize_name,
 )
 
-__all__ = ["KINDS", "Registry", "RegistryError", "UnknownPluginError", "DuplicatePluginError", "targets",
-           "drafters", "selectors", "predictors", "verifiers", "datasets", "stages", "registry_for",
-           "import_object", "normalize_name"]
+__all__ = ["KINDS", "Registry", "ModuleRegistry", "benches", "RegistryError", "UnknownPluginError",
+           "DuplicatePluginError", "targets", "drafters", "selectors", "predictors", "verifiers", "datasets", "stages",
+           "registry_for", "import_object", "normalize_name"]

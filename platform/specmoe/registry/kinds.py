@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from specmoe.registry.registry import Registry
+from specmoe.registry.registry import ModuleRegistry, Registry
 
-__all__ = ["targets", "drafters", "selectors", "predictors", "verifiers", "datasets", "stages", "KINDS",
+__all__ = ["targets", "drafters", "selectors", "predictors", "verifiers", "datasets", "stages", "benches", "KINDS",
            "registry_for"]
 
 targets: Registry = Registry("target", "specmoe.interfaces.target:Target")
@@ -16,13 +16,21 @@ verifiers: Registry = Registry("verifier", "specmoe.interfaces.verifier:Verifier
 datasets: Registry = Registry("dataset", "specmoe.interfaces.dataset:Dataset")
 stages: Registry = Registry("stage", "specmoe.interfaces.stage:Stage")
 
+#: benchmarks (``platform bench <name>``): modules with ``add_arguments(parser)`` and ``run(args)``, the core's
+#: (:data:`specmoe.bench.BENCHES`) and those a plugin declares in the entry-point group ``specmoe.benches``
+benches: ModuleRegistry = ModuleRegistry("bench", "specmoe.benches", ("add_arguments", "run"),
+                                         builtin="specmoe.bench:BENCHES")
+
+#: the component kinds (benchmarks are modules, not components: see :func:`registry_for`)
 KINDS: dict[str, Registry] = {r.kind: r for r in (targets, drafters, selectors, predictors, verifiers,
                                                   datasets, stages)}
 
 
 def registry_for(kind: str) -> Registry:
-    """The registry of ``kind`` (singular or plural: ``selector`` or ``selectors``)."""
-    key = kind[:-1] if kind.endswith("s") and kind[:-1] in KINDS else kind
-    if key not in KINDS:
-        raise KeyError(f"unknown component kind '{kind}'; kinds: {', '.join(KINDS)}")
-    return KINDS[key]
+    """The registry of ``kind`` (singular or plural: ``selector`` or ``selectors``; ``bench`` or ``benches``)."""
+    every = {**KINDS, benches.kind: benches}
+    key = kind[:-1] if kind.endswith("s") and kind[:-1] in every else kind
+    key = key[:-2] if key.endswith("es") and key[:-2] in every else key
+    if key not in every:
+        raise KeyError(f"unknown component kind '{kind}'; kinds: {', '.join(every)}")
+    return every[key]

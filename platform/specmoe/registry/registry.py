@@ -21,8 +21,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, TypeVar
 
-__all__ = ["Registry", "RegistryError", "UnknownPluginError", "DuplicatePluginError", "normalize_name",
-           "import_object", "module_distribution"]
+__all__ = ["Registry", "ModuleRegistry", "RegistryError", "UnknownPluginError", "DuplicatePluginError",
+           "normalize_name", "import_object", "module_distribution"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -276,3 +276,55 @@ class Registry(Generic[T]):
             raise RegistryError(
                 f"{self.kind} '{name}' ({origin}) is {cls!r}, which does not subclass "
                 f"{base.__module__}.{base.__qualname__}: implement that interface.")
+
+
+class ModuleRegistry(Registry):
+    """Registry whose plugins are *modules* (benchmarks), not classes.
+
+    An entry is ``"pkg.mod"`` (an entry point's value without ``:attr``) and must define every name in
+    ``required`` (``add_arguments(parser)`` and ``run(args)`` for a benchmark). Lookup, discovery, conflicts and
+    unknown-name messages are those of :class:`Registry`.
+    """
+
+    def __init__(self, kind: str, group: str, required: tuple[str, ...], builtin: str | None = None) -> None:
+        super().__init__(kind, base=object, group=group)
+        self.required = required
+        self._builtin = builtin  # "pkg.mod:TABLE", a {name: module} dict read at discovery (lazily)
+
+    def _discover(self) -> None:
+        """The built-in table first, then the entry points (a plugin reusing a built-in name is a conflict)."""
+        if self._discovered:
+            return
+        if self._builtin is not None:
+            table = import_object(self._builtin)
+            for name, module in table.items():
+                self._entries[normalize_name(name)] = _Entry(normalize_name(name), module,
+                                                            f"built in ({self._builtin.partition(':')[0]})")
+        super()._discover()
+
+    def get(self, name: str) -> Any:  # type: ignore[override]
+        """The module registered as ``name``, imported now."""
+        entry = self._entry(name)
+        with self._lock:
+            if entry.name in self._loaded:
+                return self._loaded[entry.name]
+        target = entry.target
+        if isinstance(target, str):
+            if ":" in target:  # "pkg.mod:attr" names an attribute; a bench is the module itself
+                target = import_object(target)
+            else:
+                try:
+                    target = importlib.import_module(target)
+                except ImportError as exc:
+                    raise RegistryError(f"cannot import {self.kind} module '{target}' ({entry.origin}): "
+                                        f"{exc}") from exc
+        missing = [attr for attr in self.required if not callable(getattr(target, attr, None))]
+        if missing:
+            raise RegistryError(f"{self.kind} '{entry.name}' ({entry.origin}) is {target!r}, which does not define "
+                                f"{', '.join(missing)}: a {self.kind} module defines {', '.join(self.required)}.")
+        with self._lock:
+            self._loaded[entry.name] = target
+        return target
+
+    def _check(self, name: str, cls: Any, origin: str = "recipe") -> None:  # modules are checked in get()
+        return None
