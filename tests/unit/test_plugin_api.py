@@ -211,3 +211,34 @@ def test_old_kv_module_gives_the_moved_names_with_a_warning():
     for name in old.__all__:
         with pytest.warns(DeprecationWarning, match=rf"'specmoe.decoding.kv.{name}' moved to 'specmoe.interfaces.kv"):
             assert getattr(old, name) is getattr(new, name)
+
+
+#: core modules that moved into a built-in plugin's folder (issue 24.1): old module -> (new module, names)
+MOVED_INTO_PLUGINS = {
+    "specmoe.models.expert_predictor": ("specmoe_plugins.predictors.learned.model",
+                                        ["RoutingPredictorNet", "build_backbone", "load_predictor",
+                                         "DEFAULT_BACKBONE", "PREDICTOR_FORMAT"]),
+    "specmoe.training.predictor_module": ("specmoe_plugins.predictors.learned.module",
+                                          ["PredictorModule", "export_from_checkpoint"]),
+}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_INTO_PLUGINS))
+def test_core_modules_moved_into_plugin_folders_keep_their_names_with_a_warning(old):
+    new, names = MOVED_INTO_PLUGINS[old]
+    alias = importlib.import_module(old)
+    assert sorted(alias.__all__) == sorted(names) and dir(alias) == sorted(names)
+    for name in names:
+        with pytest.warns(DeprecationWarning, match=rf"'{old}.{name}' moved to '{new}.{name}': import it from "
+                                                    rf"'{new}'.* removed in specmoe 0.3.0"):
+            assert getattr(alias, name) is getattr(importlib.import_module(new), name)
+    with pytest.raises(AttributeError, match=f"deprecated alias of '{new}'"):
+        alias.no_such_name  # noqa: B018
+
+
+def test_moved_module_aliases_import_no_plugin_until_a_name_is_taken():
+    code = (f"import importlib, sys; [importlib.import_module(m) for m in {sorted(MOVED_INTO_PLUGINS)!r}]; "
+            "print(sorted(m for m in sys.modules if m.startswith('specmoe_plugins')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

@@ -129,6 +129,30 @@ def test_learned_tree_pass_equals_scoring_each_path(target, trained, attn):
     assert (sets[tree.valid].sum(-1) == 2).all() and not sets[~tree.valid].any()
 
 
+def test_learned_init_is_a_seeded_untrained_predictor_and_path_or_init_is_required(target, trained):
+    from specmoe.errors import UserError
+
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
+             "head_dim": 16}
+    nets = []
+    for seed in (3, 3, 4):
+        pred = predictors.get("learned")(init={**small, "seed": seed})
+        pred.setup(target)
+        nets.append(pred.net.state_dict())
+        assert pred.net.backbone.config.hidden_size == 32 and pred.meta["random_weights"]
+    assert all(torch.equal(nets[0][k], nets[1][k]) for k in nets[0])
+    assert not torch.equal(nets[0]["head.weight"], nets[2]["head.weight"])
+    state = pred.begin(1)
+    pred.observe(state, Committed(torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.bool),
+                                  torch.arange(3)[None], first=True))
+    tree = _tree([-1, 0, 0], torch.tensor([[3, 4, 5]]))
+    assert (pred.predict(state, tree).sum(-1) == target.top_k).all()
+    out, _ = trained
+    for options in ({}, {"path": str(out / "predictor"), "init": small}):
+        with pytest.raises(UserError, match="exactly one of 'path'.*'init'"):
+            predictors.get("learned")(**options).setup(target)
+
+
 def test_train_predictor_stage_outputs(traces, trained):
     from specmoe.traces.format import TraceReader
 

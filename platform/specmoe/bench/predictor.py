@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["add_arguments", "run", "GPTOSS120B", "head_case", "demo_target", "learned_case"]
@@ -103,17 +101,16 @@ def demo_target(device: Any, cache_dir: str, target_path: str | None = None) -> 
     return targets.get("hf")(tiny=dict(DEMO_TARGET), device=str(device), dtype="float32", cache_dir=cache_dir)
 
 
-def learned_case(target: Any, device: Any, cache_dir: str, learned_path: str | None = None
-                 ) -> Callable[[Any], None]:
-    """``step(tree)``: one ``learned`` step (observe 3 tokens, predict the tree) per call; a random
-    predictor at the demo's backbone size unless ``learned_path``."""
+def learned_case(target: Any, device: Any, learned_path: str | None = None) -> Callable[[Any], Any]:
+    """``step(tree) -> [1, N, L, E]`` sets: one ``learned`` step (observe 3 tokens, predict the tree) per call;
+    an untrained predictor (random weights) at the demo's backbone size unless ``learned_path``."""
     import torch
 
     from specmoe.interfaces.drafter import Committed
     from specmoe.registry import predictors
 
-    path = learned_path or str(_random_learned(target, Path(cache_dir)))
-    pred = predictors.get("learned")(path=path)
+    options = {"path": learned_path} if learned_path else {"init": dict(DEMO_BACKBONE)}
+    pred = predictors.get("learned")(**options)
     pred.setup(target)
     gen = torch.Generator().manual_seed(1)
     box: dict[str, Any] = {}
@@ -126,34 +123,15 @@ def learned_case(target: Any, device: Any, cache_dir: str, learned_path: str | N
         return Committed(ids, torch.ones(1, n, dtype=torch.bool, device=device), pos, None, first)
 
     @torch.no_grad()
-    def step(tree: Any) -> None:
+    def step(tree: Any) -> Any:
         if "state" not in box or box["pos"] > 1024:  # a new generation: prompt of 128 tokens (untimed part)
             box["pos"] = 0
             box["state"] = pred.begin(1)
             pred.observe(box["state"], commit(128, True))
         pred.observe(box["state"], commit(3, False))
-        pred.predict(box["state"], tree)
+        return pred.predict(box["state"], tree)
 
     return step
-
-
-def _random_learned(target: Any, cache_dir: Path) -> Path:
-    """An exported ``learned`` predictor with random weights at the demo's backbone size."""
-    import torch
-
-    from specmoe.training.predictor_module import PredictorModule, export_from_checkpoint
-
-    out = cache_dir / f"learned_random_{target.num_moe_layers}x{target.num_experts}x{target.hidden_size}"
-    if (out / "predictor.json").is_file():
-        return out
-    torch.manual_seed(0)
-    module = PredictorModule(target.num_moe_layers, target.num_experts, target.top_k, target.hidden_size,
-                             target.vocab_size, backbone_config=DEMO_BACKBONE)
-    ckpt = {"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict(), "global_step": 0}
-    module.on_save_checkpoint(ckpt)
-    with tempfile.TemporaryDirectory() as tmp:
-        torch.save(ckpt, Path(tmp) / "random.ckpt")
-        return export_from_checkpoint(Path(tmp) / "random.ckpt", out, {"random_weights": True})
 
 
 def _timed(fn: Callable[[Any], None], tree: Any, device: Any) -> float:
@@ -184,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_demo:
         kind, _, rank = args.demo_head.partition(":")
         target = demo_target(device, args.cache_dir, args.target)
-        learned = learned_case(target, device, args.cache_dir, args.learned)
+        learned = learned_case(target, device, args.learned)
         demo = (target.num_moe_layers, target.num_experts, target.top_k, target.hidden_size, target.hidden_size,
                 target.vocab_size)
         cases[("demo", f"draft_head {kind} r{rank or 0}")] = (head_case(demo, kind, int(rank or 0), device, args.seed),

@@ -107,8 +107,8 @@ class TrainPredictor(Stage):
         from specmoe.training.checkpoints import resume_checkpoint
         from specmoe.training.milestones import accuracy_milestones
         from specmoe.training.predictor_data import RoutingTraceDataModule
-        from specmoe.training.predictor_module import PredictorModule, export_from_checkpoint
         from specmoe.training.trainer import build_trainer, mlflow_logger
+        from specmoe_plugins.predictors.learned.module import PredictorModule, export_from_checkpoint
 
         cfg = self.config
         if not cfg.traces:

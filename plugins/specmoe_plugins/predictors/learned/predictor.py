@@ -20,6 +20,7 @@ from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.predictor import Predictor
 from specmoe.interfaces.tree import DraftTree
+from specmoe_plugins.predictors.learned.model import load_predictor, untrained_predictor
 
 __all__ = ["LearnedPredictor", "LearnedState"]
 
@@ -46,18 +47,26 @@ class LearnedPredictor(Predictor):
         """``float32``, ``bfloat16``, ``float16``; default: the target's dtype."""
         attn_implementation: Optional[str] = None
         """default: the one the predictor was trained with (``sdpa``)."""
+        init: Optional[dict[str, Any]] = None
+        """instead of ``path``: an untrained predictor with seeded random weights (timing), its backbone
+        config fields over the default tiny decoder's (``model_type``, ``hidden_size``, ...) and ``seed``."""
 
     def setup(self, target: Any) -> None:
-        from specmoe.models.expert_predictor import load_predictor
         from specmoe.models.hf_masks import MaskSpec
 
         cfg = self.config
-        if not cfg.path:
-            raise UserError("predictor learned: set 'path' to an exported predictor directory")
+        if bool(cfg.path) == (cfg.init is not None):
+            raise UserError("predictor learned: set exactly one of 'path' (an exported predictor directory) and "
+                            "'init' (an untrained predictor: backbone config fields and 'seed')")
         self.target = target
         self.device = torch.device(cfg.device) if cfg.device else target.device
         self.dtype = torch_dtype(cfg.dtype, target.dtype, where="predictor learned.dtype")
-        self.net, self.meta = load_predictor(cfg.path, self.device, self.dtype, cfg.attn_implementation)
+        if cfg.path:
+            self.net, self.meta = load_predictor(cfg.path, self.device, self.dtype, cfg.attn_implementation)
+        else:
+            self.net, self.meta = untrained_predictor(target.num_moe_layers, target.num_experts, target.hidden_size,
+                                                      cfg.init, cfg.attn_implementation or "sdpa")
+            self.net = self.net.to(device=self.device, dtype=self.dtype)
         want = {"num_layers": target.num_moe_layers, "num_experts": target.num_experts,
                 "target_hidden": target.hidden_size}
         bad = {k: (self.meta[k], v) for k, v in want.items() if int(self.meta[k]) != int(v)}
