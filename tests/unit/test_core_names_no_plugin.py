@@ -40,6 +40,7 @@ PENDING: dict[str, set[str]] = {
     "peer/vllm_runner.py": {"eagle3"},
     # stage names used as cache-directory names by core helpers (24.1 moves these stages' code to their folders)
     "traces/collect.py": {"collect_traces"},
+    # a deprecated alias (removed in 0.3.0): its __all__ names the moved function, which the stage is named after
     "traces/token_table.py": {"build_token_table"},
 }
 

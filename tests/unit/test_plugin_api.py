@@ -220,6 +220,13 @@ MOVED_INTO_PLUGINS = {
                                          "DEFAULT_BACKBONE", "PREDICTOR_FORMAT"]),
     "specmoe.training.predictor_module": ("specmoe_plugins.predictors.learned.module",
                                           ["PredictorModule", "export_from_checkpoint"]),
+    "specmoe.models.draft_head": ("specmoe_plugins.predictors.draft_head.model",
+                                  ["DRAFT_HEAD_FORMAT", "DraftHeadConfig", "DraftHeadNet", "predict_sets",
+                                   "save_draft_head", "load_draft_head"]),
+    "specmoe.training.draft_head_module": ("specmoe_plugins.predictors.draft_head.module",
+                                           ["DraftHeadModule", "export_draft_head"]),
+    "specmoe.traces.token_table": ("specmoe_plugins.predictors.token_table.table",
+                                   ["TokenTable", "build_token_table", "TABLE_FILE", "TABLE_META"]),
 }
 
 

@@ -81,8 +81,8 @@ def test_stage_outputs_and_learning(qwen3_traces, trained, target):
 
 
 def test_feature_cache_returns_what_it_computed(qwen3_traces, target):
-    from specmoe.training.draft_head_module import DraftHeadModule
     from specmoe.training.predictor_data import RoutingTraceDataModule
+    from specmoe_plugins.predictors.draft_head.module import DraftHeadModule
 
     drafter = drafters.get("eagle3")(**{k: v for k, v in DRAFTER.items() if k != "name"})
     drafter.setup(target)

@@ -215,7 +215,7 @@ def _write_traces(root, rows):
 
 def test_token_table_lookup_and_fallback(target, tmp_path):
     from specmoe.traces.format import TraceReader
-    from specmoe.traces.token_table import build_token_table
+    from specmoe_plugins.predictors.token_table.table import build_token_table
 
     a = [[0, 1], [2, 3], [4, 5]]
     b = [[6, 7], [2, 4], [4, 5]]
@@ -249,7 +249,7 @@ def test_build_token_table_stage_reports_heldout_accuracy(traces, tmp_path):
 def test_evaluate_predictor_through_interface_matches_lookup(target, traces, tmp_path):
     from specmoe.traces.evaluate import evaluate_lookup, evaluate_predictor
     from specmoe.traces.format import TraceReader
-    from specmoe.traces.token_table import TokenTable, build_token_table
+    from specmoe_plugins.predictors.token_table.table import TokenTable, build_token_table
 
     reader = TraceReader(traces)
     build_token_table(reader).save(tmp_path)

@@ -34,8 +34,8 @@ class BuildTokenTable(Stage):
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         from specmoe.traces.evaluate import evaluate_lookup
         from specmoe.traces.format import TraceReader
-        from specmoe.traces.token_table import build_token_table
         from specmoe.utils.dist import dist_info
+        from specmoe_plugins.predictors.token_table.table import build_token_table
 
         cfg = self.config
         if not cfg.traces:

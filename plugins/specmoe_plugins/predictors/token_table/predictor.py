@@ -14,6 +14,7 @@ from specmoe.decoding.expert_sets import indices_to_sets
 from specmoe.errors import UserError
 from specmoe.interfaces.predictor import Predictor
 from specmoe.interfaces.tree import DraftTree
+from specmoe_plugins.predictors.token_table.table import TokenTable
 
 __all__ = ["TokenTablePredictor"]
 
@@ -29,8 +30,6 @@ class TokenTablePredictor(Predictor):
         """output directory of the ``build_token_table`` stage (holds ``token_table.safetensors``)."""
 
     def setup(self, target: Any) -> None:
-        from specmoe.traces.token_table import TokenTable
-
         if not self.config.path:
             raise UserError("predictor token_table: set 'path' to the build_token_table stage output")
         self.table = TokenTable.load(self.config.path)

@@ -3,7 +3,7 @@
 
 Every draft tree of a feature-providing drafter (``eagle3``, ``gto``, ``mtp``, ``draft_model``) carries, per node,
 the drafter state that proposed it (:attr:`~specmoe.interfaces.tree.DraftTree.features`). The head maps it,
-with the node token's target embedding, to ``L x E`` routing logits (:mod:`specmoe.models.draft_head`) in one
+with the node token's target embedding, to ``L x E`` routing logits (:mod:`.model`) in one
 batched call for the whole tree; the top-K per layer is the prediction. No state, no pass over committed
 tokens, no model of its own beyond the head: its time (the engine's ``T_pred``) is two small matmuls and the
 top-K. The token term is looked up in a ``[V, rank]`` table built at setup.
@@ -20,6 +20,7 @@ from specmoe.errors import UserError
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.predictor import Predictor
 from specmoe.interfaces.tree import DraftTree
+from specmoe_plugins.predictors.draft_head.model import DraftHeadConfig, DraftHeadNet, load_draft_head, predict_sets
 
 __all__ = ["DraftHeadPredictor"]
 
@@ -45,8 +46,6 @@ class DraftHeadPredictor(Predictor):
         """precompute the token term of the whole vocabulary (``[V, rank]``) at setup."""
 
     def setup(self, target: Any) -> None:
-        from specmoe.models.draft_head import load_draft_head
-
         cfg = self.config
         if bool(cfg.path) == (cfg.init is not None):
             raise UserError("predictor draft_head: set exactly one of 'path' (a train_draft_head export) and "
@@ -67,8 +66,6 @@ class DraftHeadPredictor(Predictor):
             self._prepare()
 
     def _build(self, feature_size: int) -> None:
-        from specmoe.models.draft_head import DraftHeadConfig, DraftHeadNet
-
         init = dict(self.config.init or {})
         torch.manual_seed(int(init.pop("seed", 0)))
         t = self.target
@@ -112,8 +109,6 @@ class DraftHeadPredictor(Predictor):
 
     @torch.no_grad()
     def predict(self, state: Any, tree: DraftTree) -> torch.Tensor:
-        from specmoe.models.draft_head import predict_sets
-
         feats = self._check(tree)
         sets = predict_sets(self.net, feats, tree.tokens.to(self.device), tree.valid.to(self.device), self._table,
                             self._embed)

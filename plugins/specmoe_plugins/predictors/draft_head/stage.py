@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """``train_draft_head``: train the ``draft_head`` expert predictor, a routing head on the drafter's own node
-features, on routing traces (network: :mod:`specmoe.models.draft_head`; training:
-:mod:`specmoe.training.draft_head_module`).
+features, on routing traces (network: :mod:`.model`; training: :mod:`.module`).
 
 The frozen target and drafter run online over the traced text (target hidden states -> the drafter's
 teacher-forced node features at tree depths ``1 .. depths``); nothing but the head is stored. Everything runs
@@ -129,10 +128,10 @@ class TrainDraftHead(Stage):
         from lightning.pytorch.loggers import CSVLogger
 
         from specmoe.training.checkpoints import resume_checkpoint
-        from specmoe.training.draft_head_module import DraftHeadModule, export_draft_head
         from specmoe.training.milestones import accuracy_milestones
         from specmoe.training.predictor_data import RoutingTraceDataModule
         from specmoe.training.trainer import build_trainer, mlflow_logger
+        from specmoe_plugins.predictors.draft_head.module import DraftHeadModule, export_draft_head
 
         cfg = self.config
         self._check()
