@@ -1,0 +1,510 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How many draft tokens each request verifies this step: specmoe's goodput rule, pure Python.
+
+Nothing here imports vLLM (or specmoe): the module runs in vLLM's environment and in specmoe's tests alike.
+
+The rule, per step and for the batch jointly. Each decode request ``r`` holds ``m_r`` proposed draft tokens
+(``m_r <= K``, vLLM's ``num_speculative_tokens``); the policy picks ``k_r in 0..m_r`` maximising the step's
+expected tokens per second::
+
+    rate(k) = sum_r (1 + E_r(k_r)) / T_step(k)
+    E_r(k)  = sum_{i=1..k} prod_{j<=i} a_{r,j}         expected accepted drafts of a chain of k
+    T_step  = c_fixed + c_tokens * tokens + c_expert * sum_l |U_l| + c_kv * kv_slots + c_draft * K_next
+
+``a_{r,j}`` is the conditional acceptance of draft position ``j`` (P(accepted | position j-1 accepted)), counted
+online from what vLLM reports as accepted per request (a Beta prior per position from the policy file), scaled
+per request by how that request's realised acceptance compares with the pooled one (shrunk towards 1), separately
+for greedy and sampled requests. ``U_l`` is the predicted expert union of the pass at MoE layer ``l``: every
+verified token's experts from the token-to-experts table (the roots and the drafts; a token missing from the
+table takes the table's fallback row). The expert term off (``expert_cost = False``) is the token-only variant
+(what vLLM's own adaptive budgets price).
+
+The choice is a greedy path: from all-zero (plain decoding, the AR floor) it adds, one at a time, the next draft
+of the request whose addition gives the highest rate, up to every draft, and keeps the prefix of that path with
+the highest rate; speculation is kept only where it beats the all-zero rate by the tolerance. ``K_next`` (how many
+drafts vLLM's proposer makes for the next step, its ``num_spec_tokens_to_schedule``) is planned the same way with
+the drafts not yet known: their experts are the table's frequency-weighted inclusion probabilities per expert
+(an expected union). With ``K_next = 0`` the drafter only absorbs the step's tokens (no draft forward passes).
+
+The cost coefficients start from the policy file (specmoe's calibration, converted by ``platform peer
+export-policy``) and are refitted online from the measured step times (relative-error ridge regression towards
+the file's coefficients, non-negative), so the cost is vLLM's own on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+__all__ = ["FORMAT", "COST_TERMS", "PolicyFileError", "PolicySpec", "ExpertTable", "CostTerms", "Acceptance",
+           "Row", "Decision", "GoodputPolicy", "load_policy"]
+
+#: the policy file's ``format`` value this module reads
+FORMAT = "specmoe_vllm.policy/1"
+#: the step-cost terms (seconds per unit); see the module docstring
+COST_TERMS = ("fixed", "tokens", "expert_layers", "kv_slots", "draft_steps")
+
+
+class PolicyFileError(ValueError):
+    """A policy file that cannot be used: the message names the file, the key and the fix."""
+
+
+def _bad(path: str, key: str, why: str) -> PolicyFileError:
+    return PolicyFileError(f"specmoe_vllm policy file {path}: '{key}' {why} (write it with: platform peer "
+                           f"export-policy --cost-model COST.json --token-table TABLE_DIR --out {path})")
+
+
+# ------------------------------------------------------------------------------------------------ the file
+@dataclass
+class ExpertTable:
+    """Token id -> experts per MoE layer (``top_k`` each), a fallback row, and per-layer expert frequencies."""
+
+    num_layers: int
+    num_experts: int
+    top_k: int
+    experts: dict[int, list[list[int]]]
+    fallback: list[list[int]]
+    #: per layer and expert: P(expert among a random token's top_k) (sums to top_k per layer)
+    frequency: list[list[float]]
+
+    def of(self, token: int) -> list[list[int]]:
+        return self.experts.get(int(token), self.fallback)
+
+
+@dataclass
+class CostTerms:
+    """Seconds per unit of each :data:`COST_TERMS` entry."""
+
+    coef: dict[str, float]
+
+    def seconds(self, x: dict[str, float], expert_cost: bool = True) -> float:
+        s = sum(self.coef.get(k, 0.0) * x.get(k, 0.0) for k in COST_TERMS if k != "expert_layers")
+        if expert_cost:
+            s += self.coef.get("expert_layers", 0.0) * x.get("expert_layers", 0.0)
+        return s
+
+
+@dataclass
+class PolicySpec:
+    """The policy file, validated (schema in the package README)."""
+
+    path: str
+    max_drafts: int
+    cost: CostTerms
+    table: ExpertTable | None
+    prior: dict[str, list[float]]
+    prior_strength: float
+    request_strength: float
+    tolerance: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _num(d: dict, key: str, path: str, lo: float = 0.0, hi: float = math.inf, default: Any = None) -> float:
+    if key not in d:
+        if default is None:
+            raise _bad(path, key, "is missing")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi or v != v:
+        raise _bad(path, key, f"must be a number in [{lo}, {hi}], got {v!r}")
+    return float(v)
+
+
+def _table(d: Any, path: str) -> ExpertTable:
+    if not isinstance(d, dict):
+        raise _bad(path, "experts", "must be an object")
+    layers = int(_num(d, "num_layers", path, 1))
+    n_exp = int(_num(d, "num_experts", path, 1))
+    top_k = int(_num(d, "top_k", path, 1, n_exp))
+
+    def rows(v: Any, key: str) -> list[list[int]]:
+        ok = (isinstance(v, list) and len(v) == layers and all(
+            isinstance(r, list) and len(r) == top_k and all(isinstance(e, int) and 0 <= e < n_exp for e in r)
+            for r in v))
+        if not ok:
+            raise _bad(path, key, f"must be {layers} lists of {top_k} expert ids in [0, {n_exp})")
+        return v
+
+    fallback = rows(d.get("fallback"), "experts.fallback")
+    ids, table = d.get("token_ids"), d.get("table")
+    if not isinstance(ids, list) or not isinstance(table, list) or len(ids) != len(table):
+        raise _bad(path, "experts.token_ids", "and 'experts.table' must be lists of the same length")
+    experts = {int(t): rows(r, f"experts.table[{i}]") for i, (t, r) in enumerate(zip(ids, table))}
+    counts = d.get("token_counts") or [1] * len(ids)
+    if not isinstance(counts, list) or len(counts) != len(ids):
+        raise _bad(path, "experts.token_counts", "must list one count per token id")
+    freq = [[0.0] * n_exp for _ in range(layers)]
+    total = float(sum(counts)) or 1.0
+    for t, c in zip(ids, counts):
+        for layer, row in enumerate(experts[int(t)]):
+            for e in row:
+                freq[layer][e] += c / total
+    if not ids:
+        for layer, row in enumerate(fallback):
+            for e in row:
+                freq[layer][e] = 1.0
+    return ExpertTable(layers, n_exp, top_k, experts, fallback, freq)
+
+
+def load_policy(path: str | Path) -> PolicySpec:
+    """Read and check a policy file; every problem raises :class:`PolicyFileError` naming the file and key."""
+    p = str(path)
+    try:
+        with open(p) as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        raise PolicyFileError(f"specmoe_vllm policy file {p} does not exist (write it with: platform peer "
+                              f"export-policy --cost-model COST.json --token-table TABLE_DIR --out {p})") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PolicyFileError(f"specmoe_vllm policy file {p} is not readable JSON: {exc}") from None
+    if not isinstance(d, dict):
+        raise _bad(p, "(top level)", "must be a JSON object")
+    if d.get("format") != FORMAT:
+        raise _bad(p, "format", f"is {d.get('format')!r}, this plugin reads {FORMAT!r}")
+    cost = d.get("cost")
+    if not isinstance(cost, dict):
+        raise _bad(p, "cost", "must be an object of seconds per unit")
+    unknown = sorted(set(cost) - set(COST_TERMS))
+    if unknown:
+        raise _bad(p, f"cost.{unknown[0]}", f"is not a cost term (known: {', '.join(COST_TERMS)})")
+    coef = {k: _num(cost, k, p, 0.0, 10.0, default=0.0) for k in COST_TERMS}
+    if coef["fixed"] + coef["tokens"] <= 0:
+        raise _bad(p, "cost.fixed", "and 'cost.tokens' cannot both be 0 (a pass costs time)")
+    acc = d.get("acceptance")
+    if not isinstance(acc, dict):
+        raise _bad(p, "acceptance", "must be an object with 'prior' (greedy / sampled per-position rates)")
+    prior_d = acc.get("prior")
+    if not isinstance(prior_d, dict) or "greedy" not in prior_d:
+        raise _bad(p, "acceptance.prior", "must be an object with a 'greedy' list (and optionally 'sampled')")
+    prior = {}
+    for kind in ("greedy", "sampled"):
+        v = prior_d.get(kind, prior_d["greedy"])
+        if not isinstance(v, list) or not v or not all(
+                isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in v):
+            raise _bad(p, f"acceptance.prior.{kind}", "must be a non-empty list of probabilities in [0, 1]")
+        prior[kind] = [float(a) for a in v]
+    table = _table(d["experts"], p) if d.get("experts") is not None else None
+    if coef["expert_layers"] > 0 and table is None:
+        raise _bad(p, "experts", "is missing: 'cost.expert_layers' > 0 needs the token-to-experts table")
+    return PolicySpec(path=p, max_drafts=int(_num(d, "max_drafts", p, 1, 64, default=8)), cost=CostTerms(coef),
+                      table=table, prior=prior, prior_strength=_num(acc, "strength", p, 0.0, 1e6, default=20.0),
+                      request_strength=_num(acc, "request_strength", p, 0.0, 1e6, default=8.0),
+                      tolerance=_num(d, "tolerance", p, 0.0, 1.0, default=0.01), meta=d.get("meta") or {})
+
+
+# ------------------------------------------------------------------------------------------ acceptance
+class Acceptance:
+    """Per-position conditional acceptance, counted online, per kind (``greedy`` / ``sampled``), and a per-request
+    factor (its accepted drafts over what the pooled rates expected for its trials, shrunk towards 1)."""
+
+    def __init__(self, prior: dict[str, list[float]], strength: float, request_strength: float, positions: int):
+        self.positions = positions
+        self.strength = strength
+        self.request_strength = request_strength
+        self.hits: dict[str, list[float]] = {}
+        self.trials: dict[str, list[float]] = {}
+        for kind, rates in prior.items():
+            r = [rates[min(i, len(rates) - 1)] for i in range(positions)]
+            self.hits[kind] = [a * strength for a in r]
+            self.trials[kind] = [strength] * positions
+        self._req: dict[str, list[float]] = {}  # request -> [accepted, expected]
+
+    def rate(self, kind: str, pos: int) -> float:
+        """P(draft at 0-based position ``pos`` accepted | the one before it accepted)."""
+        t = self.trials[kind][pos]
+        return self.hits[kind][pos] / t if t > 0 else 0.0
+
+    def factor(self, req: str) -> float:
+        acc, exp = self._req.get(req, (0.0, 0.0))
+        m = self.request_strength
+        return (acc + m) / (exp + m) if exp + m > 0 else 1.0
+
+    def chain(self, kind: str, req: str, k: int) -> list[float]:
+        """P(drafts 1..i all accepted) for i = 1..k (the request's factor applied per position, capped at 1)."""
+        f = self.factor(req)
+        out, p = [], 1.0
+        for i in range(k):
+            p *= min(self.rate(kind, i) * f, 1.0)
+            out.append(p)
+        return out
+
+    def observe(self, kind: str, req: str, drafted: int, accepted: int) -> None:
+        """One verified step of ``req``: ``drafted`` drafts scheduled, the first ``accepted`` of them accepted."""
+        if drafted <= 0:
+            return
+        accepted = max(0, min(accepted, drafted))
+        seen = min(accepted + 1, drafted)  # positions whose outcome the step shows
+        expected = sum(self.rate(kind, i) for i in range(seen))
+        for i in range(seen):
+            self.trials[kind][i] += 1
+            self.hits[kind][i] += 1 if i < accepted else 0
+        r = self._req.setdefault(req, [0.0, 0.0])
+        r[0] += accepted
+        r[1] += expected
+
+    def forget(self, req: str) -> None:
+        self._req.pop(req, None)
+
+
+# ------------------------------------------------------------------------------------------ online cost
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (small dense systems)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        piv = max(range(c, n), key=lambda r: abs(m[r][c]))
+        m[c], m[piv] = m[piv], m[c]
+        if abs(m[c][c]) < 1e-300:
+            continue
+        for r in range(n):
+            if r != c and m[r][c] != 0:
+                f = m[r][c] / m[c][c]
+                m[r] = [x - f * y for x, y in zip(m[r], m[c])]
+    return [m[i][n] / m[i][i] if abs(m[i][i]) > 1e-300 else 0.0 for i in range(n)]
+
+
+class OnlineCost:
+    """Step-time coefficients refitted from measured steps: minimise sum ((x.c - y) / y)^2 + w * sum ((c_j - p_j) /
+    s_j)^2 over a sliding window (p: the file's coefficients, s_j: their scale), terms clipped at 0 and refitted
+    without them."""
+
+    def __init__(self, prior: CostTerms, window: int = 256, prior_weight: float = 4.0, every: int = 16):
+        self.prior = dict(prior.coef)
+        self.current = CostTerms(dict(prior.coef))
+        self.obs: deque[tuple[list[float], float]] = deque(maxlen=window)
+        self.prior_weight = prior_weight
+        self.every = every
+        self._since = 0
+
+    def observe(self, x: dict[str, float], seconds: float) -> None:
+        if not seconds > 0:
+            return
+        self.obs.append(([x.get(k, 0.0) for k in COST_TERMS], seconds))
+        self._since += 1
+        if self._since >= self.every:
+            self.refit()
+
+    def refit(self) -> None:
+        self._since = 0
+        if not self.obs:
+            return
+        n = len(COST_TERMS)
+        scale = [max(self.prior[k], 1e-7) for k in COST_TERMS]
+        active = list(range(n))
+        coef = [0.0] * n
+        for _ in range(n):
+            ata = [[0.0] * len(active) for _ in active]
+            atb = [0.0] * len(active)
+            for x, y in self.obs:
+                row = [x[j] / y for j in active]
+                for i, ri in enumerate(row):
+                    atb[i] += ri
+                    for j, rj in enumerate(row):
+                        ata[i][j] += ri * rj
+            for i, j in enumerate(active):
+                w = self.prior_weight / scale[j] ** 2
+                ata[i][i] += w
+                atb[i] += w * self.prior[COST_TERMS[j]]
+            sol = _solve(ata, atb)
+            neg = [j for j, v in zip(active, sol) if v < 0]
+            coef = [0.0] * n
+            for j, v in zip(active, sol):
+                coef[j] = max(v, 0.0)
+            if not neg:
+                break
+            active = [j for j in active if j not in neg]
+        self.current = CostTerms(dict(zip(COST_TERMS, coef)))
+
+
+# ------------------------------------------------------------------------------------------ the decision
+@dataclass
+class Row:
+    """One request of the step. ``drafts``: its proposed draft tokens (may be empty); ``root``: its last token
+    (verified in any case); ``context``: cached tokens; ``sampled``: temperature > 0; ``extra_tokens``: tokens the
+    pass computes for it besides root and drafts (a prefill chunk: ``root`` is then ignored for experts)."""
+
+    req: str
+    drafts: Sequence[int]
+    root: int | None = None
+    context: int = 0
+    sampled: bool = False
+    extra_tokens: int = 0
+
+
+@dataclass
+class Decision:
+    """``k[req]``: drafts to verify per request; ``k_next``: drafts to propose for the next step; the expected
+    rates (tokens / s) of the choice and of plain decoding, and the shape the cost model priced."""
+
+    k: dict[str, int]
+    k_next: int
+    rate: float
+    ar_rate: float
+    shape: dict[str, float]
+
+
+class _Union:
+    """Expected union size per MoE layer: per expert, P(not touched) multiplied over the tokens added."""
+
+    def __init__(self, table: ExpertTable | None):
+        self.table = table
+        self.miss = [[1.0] * table.num_experts for _ in range(table.num_layers)] if table else []
+
+    def size(self) -> float:
+        return sum(len(m) - sum(m) for m in self.miss)
+
+    def gain(self, token: int | None) -> float:
+        """Expected new expert-layers if ``token`` (None: an unknown draft token) joins the pass."""
+        if self.table is None:
+            return 0.0
+        if token is None:
+            return sum(sum(mi * q for mi, q in zip(m, f)) for m, f in zip(self.miss, self.table.frequency))
+        return sum(sum(m[e] for e in row) for m, row in zip(self.miss, self.table.of(token)))
+
+    def add(self, token: int | None) -> None:
+        if self.table is None:
+            return
+        if token is None:
+            for m, f in zip(self.miss, self.table.frequency):
+                for e, q in enumerate(f):
+                    m[e] *= 1.0 - min(q, 1.0)
+        else:
+            for m, row in zip(self.miss, self.table.of(token)):
+                for e in row:
+                    m[e] = 0.0
+
+
+class GoodputPolicy:
+    """The per-step joint choice (see the module docstring). ``expert_cost = False``: the token-only variant;
+    ``online = False``: the file's cost coefficients stay as they are (deterministic choices)."""
+
+    def __init__(self, spec: PolicySpec, num_speculative_tokens: int, *, expert_cost: bool = True,
+                 online: bool = True):
+        self.spec = spec
+        self.K = max(0, int(num_speculative_tokens))
+        self.expert_cost = expert_cost and spec.table is not None
+        self.cost = OnlineCost(spec.cost)
+        self.online = online
+        self.acceptance = Acceptance(spec.prior, spec.prior_strength, spec.request_strength, max(self.K, 1))
+
+    # -------------------------------------------------------------- pricing
+    def _seconds(self, tokens: float, union: float, kv: float, k_next: int) -> float:
+        x = {"fixed": 1.0, "tokens": tokens, "expert_layers": union, "kv_slots": kv, "draft_steps": k_next}
+        return self.cost.current.seconds(x, self.expert_cost)
+
+    def _base(self, rows: Sequence[Row]) -> tuple[_Union, float, float, float]:
+        """The pass without drafts: its union (roots; prefill tokens as unknown ones), tokens, KV slots, and the
+        tokens it commits for sure (one per decode row)."""
+        union = _Union(self.spec.table if self.expert_cost else None)
+        tokens, kv, num = 0.0, 0.0, 0.0
+        for r in rows:
+            tokens += r.extra_tokens + (1 if r.root is not None else 0)
+            kv += r.context
+            if r.root is not None:
+                union.add(r.root)
+                num += 1.0
+        if self.expert_cost:
+            for _ in range(min(sum(r.extra_tokens for r in rows), 4 * self.spec.table.num_experts)):
+                union.add(None)  # prefill tokens touch experts too (which ones is not known here)
+        return union, tokens, kv, num
+
+    def _chains(self, rows: Sequence[Row], n: int) -> dict[str, list[float]]:
+        return {r.req: self.acceptance.chain("sampled" if r.sampled else "greedy", r.req, n) for r in rows}
+
+    def _coefs(self) -> tuple[float, float]:
+        c = self.cost.current.coef
+        return c["tokens"], (c["expert_layers"] if self.expert_cost else 0.0)
+
+    def _choose(self, rows: Sequence[Row], avail: dict[str, int], k_next: int
+                ) -> tuple[dict[str, int], float, float, dict[str, float]]:
+        """Greedy path over the proposed drafts (their experts known from the table); the best prefix."""
+        union, tokens, kv, num = self._base(rows)
+        chains = self._chains(rows, self.K)
+        by = {r.req: r for r in rows}
+        k = {r.req: 0 for r in rows}
+        t = self._seconds(tokens, union.size(), kv, k_next)
+        ar_rate = num / t if t > 0 else 0.0
+        best = (ar_rate * (1 + self.spec.tolerance), dict(k), tokens, union.size())
+        c_tok, c_exp = self._coefs()
+        while True:
+            pick, pick_rate, pick_gain = None, -1.0, 0.0
+            for req, n in avail.items():
+                i = k[req]
+                if i >= n:
+                    continue
+                g = union.gain(by[req].drafts[i]) if c_exp > 0 else 0.0
+                rate = (num + chains[req][i]) / (t + c_tok + c_exp * g)
+                if rate > pick_rate:
+                    pick, pick_rate, pick_gain = req, rate, g
+            if pick is None:
+                break
+            i = k[pick]
+            num += chains[pick][i]
+            union.add(by[pick].drafts[i])
+            k[pick] = i + 1
+            tokens += 1
+            t += c_tok + c_exp * pick_gain
+            if pick_rate > best[0]:
+                best = (pick_rate, dict(k), tokens, union.size())
+        rate, choice, tok_n, u_n = best
+        shape = {"fixed": 1.0, "tokens": tok_n, "expert_layers": u_n, "kv_slots": kv, "draft_steps": k_next}
+        return choice, (rate if any(choice.values()) else ar_rate), ar_rate, shape
+
+    def _plan(self, rows: Sequence[Row]) -> int:
+        """K_next: the draft length whose joint plan with unknown drafts has the best rate (draft cost included).
+        Unknown drafts all add the same expected experts, so the greedy path takes them by descending chain
+        probability and its union depends only on how many were taken."""
+        union, tokens, kv, num = self._base(rows)
+        chains = self._chains(rows, self.K)
+        order = sorted(((p, i) for c in chains.values() for i, p in enumerate(c)), key=lambda x: -x[0])
+        c_tok, c_exp = self._coefs()
+        grow = [union.size()]
+        if c_exp > 0:
+            for _ in order:
+                union.add(None)
+                grow.append(union.size())
+        best_k, best_rate = 0, -1.0
+        for kn in range(self.K + 1):
+            t = self._seconds(tokens, grow[0], kv, kn)
+            rate = num / t * (1 + self.spec.tolerance) if kn == 0 else -1.0
+            got, n = num, 0
+            for p, i in order:
+                if i >= kn:
+                    continue
+                got += p
+                n += 1
+                r = got / (t + c_tok * n + c_exp * (grow[n] - grow[0] if c_exp > 0 else 0.0))
+                rate = max(rate, r)
+            if rate > best_rate:
+                best_k, best_rate = kn, rate
+        return best_k
+
+    # -------------------------------------------------------------- the step
+    def decide(self, rows: Sequence[Row]) -> Decision:
+        """This step's drafts per request (each ``<= len(row.drafts)``), and the drafts to propose next.
+
+        ``K_next`` is planned first (the next step's drafts are unknown: expected experts); this step's choice is
+        then priced with the draft passes ``K_next`` costs after it (a step = this pass + the next proposal)."""
+        rows = list(rows)
+        plan_rows = [Row(r.req, [], r.root if r.root is not None else 0, r.context + 1, r.sampled) for r in rows]
+        k_next = self._plan(plan_rows) if plan_rows and self.K > 0 else 0
+        avail = {r.req: min(len(r.drafts), self.K) for r in rows}
+        choice, rate, ar_rate, shape = self._choose(rows, avail, k_next)
+        return Decision(choice, k_next, rate, ar_rate, shape)
+
+    # -------------------------------------------------------------- feedback
+    def observe_step(self, results: Iterable[tuple[str, bool, int, int]]) -> None:
+        """Per verified request: (request, sampled, drafted, accepted)."""
+        for req, sampled, drafted, accepted in results:
+            self.acceptance.observe("sampled" if sampled else "greedy", req, drafted, accepted)
+
+    def observe_time(self, shape: dict[str, float], seconds: float) -> None:
+        if self.online:
+            self.cost.observe(shape, seconds)
+
+    def finished(self, req: str) -> None:
+        self.acceptance.forget(req)

@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vLLM's V1 scheduler with specmoe's verification budget: it only *truncates* the draft tokens a request holds.
+
+Use it with vLLM's ``scheduler_cls`` and speculative decoding (EAGLE-3 or any proposer), the policy named in the
+``additional_config`` (or ``$SPECMOE_VLLM_POLICY``)::
+
+    LLM(model=TARGET, speculative_config={"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 5},
+        scheduler_cls="specmoe_vllm.scheduler.SpecMoEScheduler",
+        additional_config={"specmoe": {"policy": "policy.json"}})
+    vllm serve TARGET --speculative-config '{...}' --scheduler-cls specmoe_vllm.scheduler.SpecMoEScheduler \
+        --additional-config '{"specmoe": {"policy": "policy.json"}}'
+
+``additional_config["specmoe"]`` keys: ``policy`` (the policy file, required), ``expert_cost`` (default true;
+false = the token-only variant), ``online`` (refit the cost from measured step times, default true), ``log`` (a
+JSON-lines file: per step the drafts each request held, the policy's choice, what vLLM scheduled and
+``k_next``).
+
+Each step, before vLLM's own scheduling: the policy sees every running request (its proposed drafts, last token,
+context) and returns ``k_r``; a request's ``spec_token_ids`` are cut to ``k_r`` (vLLM then schedules ``1 + k_r``
+tokens for it: the rejection sampler verifies exactly those, so the output is vLLM's, token for token at T = 0
+and in distribution at T > 0). After it, ``num_spec_tokens_to_schedule`` (how many drafts vLLM's proposer makes
+for the next step, the hook vLLM's dynamic SD uses) is set to the policy's ``k_next``: 0 turns the draft passes
+off. The accepted drafts per request (from the sampled tokens) calibrate the policy's acceptance online.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from specmoe_vllm.policy import GoodputPolicy, PolicyFileError, Row, load_policy
+
+__all__ = ["SpecMoEScheduler", "options_from"]
+
+
+def options_from(vllm_config: Any) -> dict[str, Any]:
+    """The plugin's options: ``additional_config["specmoe"]``, else ``$SPECMOE_VLLM_POLICY`` alone."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    opts = dict(extra.get("specmoe") or {}) if isinstance(extra, dict) else {}
+    if "policy" not in opts and os.environ.get("SPECMOE_VLLM_POLICY"):
+        opts["policy"] = os.environ["SPECMOE_VLLM_POLICY"]
+    unknown = sorted(set(opts) - {"policy", "expert_cost", "online", "log"})
+    if unknown:
+        raise PolicyFileError(f"additional_config['specmoe']: unknown key '{unknown[0]}' (known: policy, "
+                              f"expert_cost, online, log)")
+    if not opts.get("policy"):
+        raise PolicyFileError("specmoe_vllm needs a policy file: pass additional_config={'specmoe': {'policy': "
+                              "'policy.json'}} (or set SPECMOE_VLLM_POLICY); write one with platform peer "
+                              "export-policy")
+    return opts
+
+
+class SpecMoEScheduler(Scheduler):
+    """vLLM's scheduler; each step's draft tokens per request capped by :class:`GoodputPolicy`."""
+
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any):
+        super().__init__(vllm_config, *args, **kwargs)
+        opts = options_from(vllm_config)
+        spec = load_policy(opts["policy"])
+        self.specmoe_policy = GoodputPolicy(spec, self.num_spec_tokens, expert_cost=bool(opts.get("expert_cost",
+                                                                                                   True)),
+                                            online=bool(opts.get("online", True)))
+        self._log = open(opts["log"], "a") if opts.get("log") else None
+        self._pending: dict[str, Any] | None = None  # the last step's decision, until its time is known
+        self._step = 0
+
+    # -------------------------------------------------------------- before vLLM schedules
+    def _rows(self) -> list[Row]:
+        rows = []
+        for req in self.running:
+            new = req.num_tokens - req.num_computed_tokens
+            sampled = bool(req.sampling_params is not None and req.sampling_params.temperature > 0)
+            if new == 1:
+                rows.append(Row(req.request_id, list(req.spec_token_ids), int(req.all_token_ids[-1]),
+                                req.num_computed_tokens, sampled))
+            elif new > 1:
+                rows.append(Row(req.request_id, [], None, req.num_computed_tokens, sampled, extra_tokens=new))
+        for req in self.waiting:
+            rows.append(Row(req.request_id, [], None, 0, False, extra_tokens=req.num_tokens))
+        return rows
+
+    def schedule(self, *args: Any, **kwargs: Any):
+        now = time.perf_counter()
+        if self._pending is not None:  # the previous step's time: schedule -> execute -> drafts -> here
+            p, self._pending = self._pending, None
+            seconds = now - p["t"]
+            if p["pure_decode"] and seconds < 4 * p["predicted"]:
+                self.specmoe_policy.observe_time(p["shape"], seconds)
+        if self.num_spec_tokens <= 0:
+            return super().schedule(*args, **kwargs)
+        rows = self._rows()
+        decision = self.specmoe_policy.decide(rows) if rows else None
+        held = {}
+        if decision is not None:
+            by_id = {r.request_id: r for r in self.running}
+            for row in rows:
+                req = by_id.get(row.req)
+                if req is None or not req.spec_token_ids:
+                    continue
+                held[row.req] = len(req.spec_token_ids)
+                k = decision.k[row.req]
+                if k < len(req.spec_token_ids):
+                    req.spec_token_ids = list(req.spec_token_ids[:k])
+        out = super().schedule(*args, **kwargs)
+        if decision is not None:
+            out.num_spec_tokens_to_schedule = decision.k_next
+            coef_seconds = self.specmoe_policy.cost.current.seconds(decision.shape, True)
+            self._pending = {"t": now, "shape": decision.shape, "predicted": max(coef_seconds, 1e-6),
+                             "pure_decode": all(r.extra_tokens == 0 for r in rows)}
+            if self._log is not None:
+                sched = {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()}
+                self._log.write(json.dumps({"step": self._step, "held": held, "k": decision.k, "scheduled": sched,
+                                            "k_next": decision.k_next, "rate": decision.rate,
+                                            "ar_rate": decision.ar_rate}) + "\n")
+                self._log.flush()
+        self._step += 1
+        return out
+
+    # -------------------------------------------------------------- after the pass
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any):
+        results = []
+        sampled_ids = model_runner_output.sampled_token_ids
+        for req_id, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+            idx = model_runner_output.req_id_to_index.get(req_id)
+            req = self.requests.get(req_id)
+            if idx is None or req is None or not sampled_ids or not drafts:
+                continue
+            n_out = len(sampled_ids[idx])
+            if n_out == 0:
+                continue
+            sampled = bool(req.sampling_params is not None and req.sampling_params.temperature > 0)
+            results.append((req_id, sampled, len(drafts), n_out - 1))
+        out = super().update_from_output(scheduler_output, model_runner_output)
+        self.specmoe_policy.observe_step(results)
+        for req_id in scheduler_output.finished_req_ids:
+            self.specmoe_policy.finished(req_id)
+        return out
+
+    def shutdown(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        super().shutdown()

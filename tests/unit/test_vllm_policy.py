@@ -1,0 +1,220 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The vLLM plugin's policy (``plugins/specmoe_vllm/specmoe_vllm/policy.py``), pure Python, without vLLM.
+
+The plugin is its own distribution (installed into vLLM's environment); here its directory goes on ``sys.path``
+and only the policy module is imported (the scheduler needs vLLM: ``tests/vllm/test_plugin.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "specmoe_vllm"))
+from specmoe_vllm import policy as P  # noqa: E402
+
+L, E, K = 2, 8, 2
+
+
+def _table(**over):
+    # tokens 10..13 use experts {0, 1} at both layers (shared), tokens 20..23 each their own pair
+    ids = [10, 11, 12, 13, 20, 21, 22, 23]
+    rows = [[[0, 1], [0, 1]]] * 4 + [[[2 + i % 3 * 2, 3 + i % 3 * 2]] * L for i in range(4)]
+    d = {"num_layers": L, "num_experts": E, "top_k": K, "fallback": [[6, 7], [6, 7]], "token_ids": ids,
+         "table": rows, "token_counts": [1] * len(ids)}
+    d.update(over)
+    return d
+
+
+def _policy_dict(cost=None, prior=(0.9, 0.8, 0.7), experts=True, **over):
+    d = {"format": P.FORMAT, "max_drafts": 3, "tolerance": 0.01,
+         "cost": cost or {"fixed": 1e-3, "tokens": 1e-4, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 0.0},
+         "acceptance": {"prior": {"greedy": list(prior)}, "strength": 20, "request_strength": 8}}
+    if experts:
+        d["experts"] = _table()
+    d.update(over)
+    return d
+
+
+def _spec(tmp_path, **kw):
+    p = tmp_path / "policy.json"
+    p.write_text(json.dumps(_policy_dict(**kw)))
+    return P.load_policy(p)
+
+
+# ------------------------------------------------------------------------------------------ the file
+@pytest.mark.parametrize("edit, key", [
+    (lambda d: d.update(format="other/1"), "'format'"),
+    (lambda d: d.pop("cost"), "'cost'"),
+    (lambda d: d["cost"].update(bogus=1.0), "'cost.bogus'"),
+    (lambda d: d["cost"].update(tokens=-1.0), "'tokens'"),
+    (lambda d: d["acceptance"]["prior"].update(greedy=[1.5]), "'acceptance.prior.greedy'"),
+    (lambda d: d["experts"]["table"].__setitem__(0, [[0, 99], [0, 1]]), "'experts.table[0]'"),
+    (lambda d: d["experts"].pop("fallback"), "'experts.fallback'"),
+    (lambda d: (d.pop("experts"), d["cost"].update(expert_layers=1e-5)), "'experts'"),
+])
+def test_bad_policy_file_names_the_file_and_key(tmp_path, edit, key):
+    d = _policy_dict()
+    edit(d)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(P.PolicyFileError) as exc:
+        P.load_policy(p)
+    msg = str(exc.value)
+    assert str(p) in msg and key in msg and "export-policy" in msg
+
+
+def test_missing_or_unreadable_policy_file(tmp_path):
+    with pytest.raises(P.PolicyFileError, match="does not exist"):
+        P.load_policy(tmp_path / "nope.json")
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(P.PolicyFileError, match="not readable JSON"):
+        P.load_policy(tmp_path / "x.json")
+
+
+def test_table_frequencies_sum_to_top_k(tmp_path):
+    spec = _spec(tmp_path)
+    for f in spec.table.frequency:
+        assert sum(f) == pytest.approx(K)
+    assert spec.table.of(10) == [[0, 1], [0, 1]] and spec.table.of(999) == [[6, 7], [6, 7]]
+
+
+# ------------------------------------------------------------------------------------------ acceptance
+def test_acceptance_counts_what_a_step_shows():
+    a = P.Acceptance({"greedy": [0.5]}, strength=2.0, request_strength=0.0, positions=3)
+    a.observe("greedy", "r", drafted=3, accepted=1)  # position 0 accepted, 1 rejected, 2 not seen
+    assert a.rate("greedy", 0) == pytest.approx(2 / 3)
+    assert a.rate("greedy", 1) == pytest.approx(1 / 3)
+    assert a.rate("greedy", 2) == pytest.approx(0.5)
+    # the request accepted 1 where the pooled rates expected 0.5 + 0.5: its factor is 1 / 1 with no shrinkage
+    assert a.factor("r") == pytest.approx(1.0)
+    chain = a.chain("greedy", "r", 3)
+    assert chain == pytest.approx([2 / 3, 2 / 9, 1 / 9])
+    a.forget("r")
+    assert a.factor("r") == 1.0
+
+
+def test_a_request_that_keeps_rejecting_stops_speculating(tmp_path):
+    pol = P.GoodputPolicy(_spec(tmp_path), 3, online=False)
+    rows = [P.Row("good", [20, 21, 22], 10), P.Row("bad", [20, 21, 22], 11)]
+    assert pol.decide(rows).k == {"good": 3, "bad": 3}
+    for _ in range(40):
+        pol.observe_step([("good", False, 3, 3), ("bad", False, 3, 0)])
+    k = pol.decide(rows).k
+    assert k["good"] == 3 and k["bad"] == 0
+
+
+# ------------------------------------------------------------------------------------------ decisions
+def test_choices_never_exceed_the_proposed_drafts(tmp_path):
+    pol = P.GoodputPolicy(_spec(tmp_path), 3, online=False)
+    rows = [P.Row("a", [20], 10), P.Row("b", [], 11), P.Row("c", [20, 21, 22, 23], 12)]
+    d = pol.decide(rows)
+    assert d.k["a"] <= 1 and d.k["b"] == 0 and d.k["c"] <= 3
+    assert 0 <= d.k_next <= 3
+
+
+def test_ar_floor_when_verification_is_expensive(tmp_path):
+    """A token costs far more than the fixed part of a pass: no drafts now, none proposed next."""
+    cost = {"fixed": 1e-4, "tokens": 1e-2, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 1e-3}
+    pol = P.GoodputPolicy(_spec(tmp_path, cost=cost), 3, online=False)
+    d = pol.decide([P.Row("a", [20, 21, 22], 10), P.Row("b", [20, 21, 22], 11)])
+    assert d.k == {"a": 0, "b": 0} and d.k_next == 0
+    assert d.rate == d.ar_rate > 0
+
+
+def test_cheap_verification_verifies_every_draft(tmp_path):
+    pol = P.GoodputPolicy(_spec(tmp_path), 3, online=False)
+    d = pol.decide([P.Row("a", [20, 21, 22], 10)])
+    assert d.k == {"a": 3} and d.k_next == 3 and d.rate > d.ar_rate
+
+
+def test_bigger_batches_verify_fewer_drafts_per_request(tmp_path):
+    cost = {"fixed": 2e-3, "tokens": 4e-4, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 0.0}
+    pol = P.GoodputPolicy(_spec(tmp_path, cost=cost), 3, online=False)
+    per_row = []
+    for b in (1, 4, 16):
+        d = pol.decide([P.Row(f"r{i}", [20, 21, 22], 10) for i in range(b)])
+        per_row.append(sum(d.k.values()) / b)
+    assert per_row[0] == 3 and per_row[0] >= per_row[1] >= per_row[2] and per_row[2] < 3
+
+
+def test_expert_term_prefers_drafts_that_share_experts(tmp_path):
+    """Two requests, equal acceptance; one's drafts touch the experts its root already reads, the other's new
+    ones. Priced by experts, only the sharing request speculates; the token-only variant treats both alike."""
+    cost = {"fixed": 1e-3, "tokens": 1e-5, "expert_layers": 2.5e-4, "kv_slots": 0.0, "draft_steps": 0.0}
+    spec = _spec(tmp_path, cost=cost, prior=(0.5, 0.5, 0.5))
+    rows = [P.Row("share", [11, 12, 13], 10), P.Row("new", [20, 21, 22], 10)]
+    d = P.GoodputPolicy(spec, 3, online=False).decide(rows)
+    assert d.k["share"] == 3 and d.k["new"] == 0
+    t = P.GoodputPolicy(spec, 3, expert_cost=False, online=False).decide(rows)
+    assert t.k["share"] == t.k["new"] == 3
+
+
+def _rate(pol, rows, k):
+    """The policy's objective for an explicit choice (the exhaustive reference)."""
+    union = P._Union(pol.spec.table if pol.expert_cost else None)
+    num, tokens = 0.0, 0
+    for r in rows:
+        union.add(r.root)
+        num += 1 + sum(pol.acceptance.chain("greedy", r.req, k[r.req]))
+        tokens += 1 + k[r.req]
+        for t in r.drafts[:k[r.req]]:
+            union.add(t)
+    return num / pol._seconds(tokens, union.size(), 0, pol.K)
+
+
+def test_greedy_choice_is_close_to_the_exhaustive_optimum(tmp_path):
+    rnd = random.Random(7)
+    cost = {"fixed": 1e-3, "tokens": 2e-4, "expert_layers": 6e-5, "kv_slots": 0.0, "draft_steps": 0.0}
+    spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.4), tolerance=0.0)
+    worst = 1.0
+    for _ in range(20):
+        pol = P.GoodputPolicy(spec, 3, online=False)
+        rows = [P.Row(f"r{i}", [rnd.choice([10, 11, 20, 21, 22, 23, 5]) for _ in range(3)], rnd.choice([10, 20]))
+                for i in range(3)]
+        for r in rows:
+            for _ in range(rnd.randrange(0, 10)):
+                pol.observe_step([(r.req, False, 3, rnd.randrange(0, 4))])
+        d = pol.decide(rows)
+        best = max(_rate(pol, rows, dict(zip([r.req for r in rows], ks)))
+                   for ks in itertools.product(range(4), repeat=len(rows)))
+        worst = min(worst, _rate(pol, rows, d.k) / best)
+    assert worst > 0.97, worst
+
+
+def test_k_next_pays_for_the_draft_passes(tmp_path):
+    """The proposer's draft passes cost time: expensive ones shorten (or stop) the next proposal."""
+    base = {"fixed": 1e-3, "tokens": 1e-4, "expert_layers": 0.0, "kv_slots": 0.0}
+    rows = [P.Row("a", [20, 21, 22], 10)]
+    cheap = P.GoodputPolicy(_spec(tmp_path, cost={**base, "draft_steps": 1e-5}), 3, online=False).decide(rows)
+    dear = P.GoodputPolicy(_spec(tmp_path, cost={**base, "draft_steps": 2e-3}), 3, online=False).decide(rows)
+    assert cheap.k_next == 3 and dear.k_next < cheap.k_next
+
+
+# ------------------------------------------------------------------------------------------ online cost
+def test_online_cost_refit_recovers_the_machine_coefficients(tmp_path):
+    prior = {"fixed": 2e-3, "tokens": 1e-4, "expert_layers": 1e-5, "kv_slots": 0.0, "draft_steps": 1e-4}
+    truth = {"fixed": 1e-3, "tokens": 3e-4, "expert_layers": 2e-5, "kv_slots": 0.0, "draft_steps": 5e-4}
+    oc = P.OnlineCost(P.CostTerms(prior), prior_weight=1e-3)
+    rnd = random.Random(3)
+    for _ in range(200):
+        x = {"fixed": 1.0, "tokens": rnd.randrange(1, 40), "expert_layers": rnd.randrange(8, 64),
+             "kv_slots": 0.0, "draft_steps": rnd.randrange(0, 6)}
+        oc.observe(x, P.CostTerms(truth).seconds(x))
+    oc.refit()
+    for k in ("fixed", "tokens", "expert_layers", "draft_steps"):
+        assert oc.current.coef[k] == pytest.approx(truth[k], rel=0.05), k
+    assert all(v >= 0 for v in oc.current.coef.values())
+
+
+def test_online_flag_off_keeps_the_file_coefficients(tmp_path):
+    spec = _spec(tmp_path)
+    pol = P.GoodputPolicy(spec, 3, online=False)
+    for _ in range(40):
+        pol.observe_time({"fixed": 1.0, "tokens": 4.0}, 1.0)
+    assert pol.cost.current.coef == spec.cost.coef
