@@ -26,10 +26,15 @@ def test_bench_tree_runs(make_predictable, agreeing_drafts):
     p = argparse.ArgumentParser()
     bench_tree.add_arguments(p)
     args = p.parse_args(["--drafter-path", str(agreeing_drafts("gpt_oss", "eagle3")), "--random-prompts", "9",
-                         "--prompts", "3", "--new-tokens", "10", "--shapes", "chain3=4/3/1,tree4=4/3/2/1"])
+                         "--prompts", "3", "--new-tokens", "10", "--shapes", "chain3=4/3/1,tree4=4/3/2/1",
+                         "--warmup", "2", "--verifier", "torch_union"])
+    # the warm-up's prompts come after the measured ones, which do not depend on how many there are
+    assert bench_tree._prompts(target, args, 2)[:3] == bench_tree._prompts(target, args)
+    assert len(bench_tree._prompts(target, args, 2)) == 5
     with pytest.raises(UserError, match="no tokenizer"):
         bench_tree.measure(target, p.parse_args(["--prompts", "1"]))
     r = bench_tree.measure(target, args)
+    assert r["warmup"] == 2 and target.experts_implementation == "specmoe_torch_union"
     m = r["methods"]
     assert list(m) == ["chain3/confidence", "tree4/confidence/raw", "tree4/confidence/cal", "tree4/ecospec/raw",
                        "tree4/ecospec/cal"]

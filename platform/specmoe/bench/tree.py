@@ -13,8 +13,10 @@ from EAGLE-2/3's top-2 pool and from the width-1 pool, ``frontier: 1`` of the ``
 every selector of ``--selectors`` ranking by raw path probabilities (``calibrated: false``, EAGLE-2/3 and the
 paper) and by the engine's calibrated node values (:mod:`specmoe.decoding.node_values`, the default); a chain
 (``top_k`` 1, ``budget = steps + 1``) verifies its whole pool whatever the selector, so it runs once. Each method
-has its own engine for the whole run: its calibration learns across the prompts, as in an evaluation. On a
-shared CPU machine use ``--threads 1 --clock thread``.
+has its own engine for the whole run: its calibration learns across the prompts, as in an evaluation, after
+``--warmup`` untimed generations of other prompts of the dataset (an evaluation cell warms each method up too), so
+the calibrated trees are measured calibrated, not on their first prompt's prior. ``--verifier`` installs an experts
+implementation for every method (default: the model's own). On a shared CPU machine use ``--threads 1 --clock thread``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="zeroshot", help="the dataset's prompt format option ('' to leave as is)")
     p.add_argument("--data-dir", default=None, help="default: $SPECMOE_DATA_DIR")
     p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=4,
+                   help="untimed generations per method before the measured prompts (other prompts of the dataset)")
+    p.add_argument("--verifier", default="", help="verifier plugin installed for every method ('' = the model's own)")
     p.add_argument("--random-prompts", type=int, default=0,
                    help="instead of the dataset: random token prompts of this length (a target without a tokenizer)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt subset")
@@ -77,7 +82,9 @@ def parse_shapes(text: str) -> dict[str, tuple[int, int, int, int | None]]:
     return out
 
 
-def _prompts(target: Any, args: argparse.Namespace) -> list[list[int]]:
+def _prompts(target: Any, args: argparse.Namespace, extra: int = 0) -> list[list[int]]:
+    """The measured prompts (``args.prompts`` of the source), then ``extra`` others of the same source (the
+    warm-up's): the measured ones are the same whatever ``extra`` is."""
     import torch
 
     from specmoe.data.render import render_prompt
@@ -87,18 +94,22 @@ def _prompts(target: Any, args: argparse.Namespace) -> list[list[int]]:
     if args.random_prompts > 0:
         g = torch.Generator().manual_seed(args.seed)
         return [torch.randint(0, target.vocab_size, (args.random_prompts,), generator=g).tolist()
-                for _ in range(args.prompts)]
+                for _ in range(args.prompts + extra)]
     if target.tokenizer is None:
         raise UserError("bench tree: the target has no tokenizer to render the prompts with; give --target a "
                         "trained checkpoint directory (the demo's .specmoe_cache/stages/pretrain_target-*) or use "
                         "--random-prompts LENGTH")
 
-    opts: dict[str, Any] = {"limit": args.prompts, "seed": args.seed}
+    opts: dict[str, Any] = {"seed": args.seed}
     if args.format:
         opts["format"] = args.format
     if args.data_dir or os.environ.get("SPECMOE_DATA_DIR"):
         opts["data_dir"] = args.data_dir or os.environ["SPECMOE_DATA_DIR"]
-    samples = datasets.get(args.dataset)(**opts).load()
+    samples = datasets.get(args.dataset)(**opts, limit=args.prompts).load()
+    if extra:
+        ids = {s.id for s in samples}
+        more = datasets.get(args.dataset)(**opts, limit=args.prompts + extra).load()
+        samples = samples + [s for s in more if s.id not in ids][:extra]
     return [render_prompt(target.tokenizer, s) for s in samples]
 
 
@@ -109,14 +120,18 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     from specmoe.bench.goodput import _drafter
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.decoding.stopping import StopRule
-    from specmoe.registry import drafters, predictors, selectors
+    from specmoe.registry import drafters, predictors, selectors, verifiers
 
+    if getattr(args, "verifier", ""):
+        verifiers.get(args.verifier)().install(target)
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     drafter = _drafter(target, args)
     by_frontier: dict[int | None, Any] = {None: drafter}
     pred = predictors.get(args.predictor)(**({"path": args.predictor_path} if args.predictor_path else {}))
     pred.setup(target)
-    prompts = _prompts(target, args)
+    n_warm = max(int(getattr(args, "warmup", 4)), 0)
+    everything = _prompts(target, args, n_warm)
+    prompts, warm = everything[:args.prompts], everything[args.prompts:]
     shapes = parse_shapes(args.shapes)
     methods: dict[str, tuple[Any, tuple[int, int, int]]] = {}
     for shape, (budget, steps, top_k, frontier) in shapes.items():
@@ -137,6 +152,11 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
                                           "t": {"draft": 0.0, "pred": 0.0, "select": 0.0, "verify": 0.0,
                                                 "total": 0.0}} for k in methods}
     names = list(methods)
+    for i, prompt in enumerate(warm):  # untimed: kernels warm, calibrations see the regime once
+        for name in names:
+            eng, (budget, steps, top_k) = methods[name]
+            eng.generate([prompt], budget=budget, steps=steps, top_k=top_k, temperature=args.temperature, stop=stop,
+                         seed=10_000 + i)
     for i, prompt in enumerate(prompts):
         for name in names[i % len(names):] + names[:i % len(names)]:
             eng, (budget, steps, top_k) = methods[name]
@@ -166,13 +186,14 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
         if getattr(eng, "values", None) is not None:
             cal = eng.values.model.calibration(args.temperature)
             res[name]["calibration"] = {"weights": eng.values.model.weights_for(args.temperature).tolist(), **cal}
-    return {"methods": res, "prompts": len(prompts), "threads": torch.get_num_threads(),
+    return {"methods": res, "prompts": len(prompts), "warmup": len(warm), "threads": torch.get_num_threads(),
             "prompt_tokens": sum(len(p) for p in prompts)}
 
 
 def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [f"target: {args.target or 'demo architecture (random init)'}  drafter {args.drafter} "
-             f"{args.drafter_path or '(untrained)'}  {args.dataset} x {r['prompts']} prompts, {args.new_tokens} new "
+             f"{args.drafter_path or '(untrained)'}  {args.dataset} x {r['prompts']} prompts (+{r['warmup']} warm-up), "
+             f"{args.new_tokens} new "
              f"tokens, T={args.temperature}, batch 1, threads {r['threads']}, clock {args.clock}",
              f"{'method':<28} {'tok/step':>8} {'tok/s':>8} {'verified':>8}  accepted >= d drafts (d = 1..)"
              f"   ms/step draft / select / verify / total"]
