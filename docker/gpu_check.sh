@@ -39,7 +39,7 @@ step gpu_tests 150 python -m pytest -q tests/gpu -p no:cacheprovider
 step bench_goodput 120 python -m specmoe.cli.main bench goodput --device cuda --dtype bfloat16 --prompts 4 \
   --new-tokens 64 --repeats 2 --json "$OUT/bench_goodput.json"
 step bench_verifier 100 python -m specmoe.cli.main bench verifier --iters 10 --warmup 2
-step bench_predictor 60 python -m specmoe.cli.main bench predictor --device cuda --no-demo
+step bench_predictor 60 python -m specmoe.cli.main bench draft_head --device cuda --no-demo
 step bench_engine 100 python -m specmoe.cli.main bench engine --device cuda --dtype bfloat16 --new-tokens 48 --repeats 2 \
   --json "$OUT/bench_engine.json"
 python -c "

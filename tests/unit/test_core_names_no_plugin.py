@@ -26,7 +26,6 @@ PENDING: dict[str, set[str]] = {
     "bench/__init__.py": {"goodput"},  # bench name of the goodput selector's benchmark (24.1)
     "bench/goodput.py": {"goodput", "confidence", "eagle3", "router_on_embedding"},  # goodput's own bench (24.1)
     "bench/cost_calibration.py": {"draft_model", "confidence"},  # goodput cost model calibration (24.1)
-    "bench/predictor.py": {"learned", "hf"},  # learned / draft_head predictor bench (24.1)
     "bench/engine.py": {"draft_model", "eagle3", "gto", "ecospec", "router_on_embedding", "hf", "torch_union",
                         "triton_union"},  # engine bench defaults (owned by the decoding/bench engineers)
     "bench/tree.py": {"confidence", "eagle3", "router_on_embedding", "gsm8k"},  # tree bench defaults (not ours)

@@ -227,6 +227,8 @@ MOVED_INTO_PLUGINS = {
                                            ["DraftHeadModule", "export_draft_head"]),
     "specmoe.traces.token_table": ("specmoe_plugins.predictors.token_table.table",
                                    ["TokenTable", "build_token_table", "TABLE_FILE", "TABLE_META"]),
+    "specmoe.bench.predictor": ("specmoe_plugins.predictors.draft_head.bench",
+                                ["add_arguments", "run", "GPTOSS120B", "head_case", "demo_target", "learned_case"]),
 }
 
 

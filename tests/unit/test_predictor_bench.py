@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``platform bench predictor``: the draft head at GPT-OSS-120B dimensions (one row per head) and the demo-size
-comparison with ``learned`` (its real plugin: observe + tree predict on a target)."""
+"""``platform bench draft_head`` (``platform bench predictor`` until 0.2): the draft head at GPT-OSS-120B dimensions
+(one row per head) and the demo-size comparison with ``learned`` (its real plugin: observe + tree predict on a
+target)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import argparse
 
 import torch
 
-from specmoe.bench import predictor as bench
+from specmoe.registry import benches
+
+bench = benches.get("draft_head")  # the draft_head predictor's bench, found through the entry-point group
 
 
 def _args(*argv: str) -> argparse.Namespace:

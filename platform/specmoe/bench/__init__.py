@@ -13,7 +13,6 @@ BENCHES = {
     "expert_latency": "specmoe.bench.expert_latency",
     "selector": "specmoe.bench.selector",
     "goodput": "specmoe.bench.goodput",
-    "predictor": "specmoe.bench.predictor",
     "tree": "specmoe.bench.tree",
     "peer": "specmoe.bench.peer",
 }

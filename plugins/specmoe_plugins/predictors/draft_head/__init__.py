@@ -7,7 +7,7 @@
 * ``module.py`` -- the LightningModule (node features computed online from the frozen target and drafter) and
   the export from a checkpoint.
 * ``stage.py`` -- the ``train_draft_head`` stage.
-* ``bench.py`` -- ``platform bench predictor``: the head at GPT-OSS-120B dimensions, and against ``learned``
+* ``bench.py`` -- ``platform bench draft_head``: the head at GPT-OSS-120B dimensions, and against ``learned``
   (reached through the registry) at the demo's size.
 
 The routing-trace data, loss, accuracy and milestones are shared with ``learned`` and stay in core
