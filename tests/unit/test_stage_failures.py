@@ -164,3 +164,15 @@ def test_api_run_prints_nothing_and_leaves_environ_alone(tmp_path, capsys, monke
     result = run(cfg)
     assert capsys.readouterr().out == "" and dict(os.environ) == before
     assert set(result.stages) == {"first", "second"} and result.run_dir.is_dir()
+
+
+def test_stage_order_follows_references_and_a_cycle_is_one_message(tmp_path):
+    from specmoe.config.errors import ConfigError
+    from specmoe.stages.runner import StageRunner
+
+    cfg = load_recipe(write_recipe(tmp_path))
+    first, second = cfg.stages
+    assert StageRunner([second, first], tmp_path).order == ["first", "second"]  # after what it references
+    first.component.options["after"] = "stage:second"
+    with pytest.raises(ConfigError, match="cycle: (first -> second -> first|second -> first -> second)"):
+        StageRunner(cfg.stages, tmp_path)

@@ -23,6 +23,7 @@ import logging
 import shutil
 import time
 import traceback
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -122,25 +123,15 @@ class StageRunner:
             self.keys[sid] = self._key(self.specs[sid])
 
     def _toposort(self) -> list[str]:
-        order: list[str] = []
-        state: dict[str, int] = {}
-
-        def visit(sid: str, chain: list[str]) -> None:
-            if state.get(sid) == 2:
-                return
-            if state.get(sid) == 1:
-                cyc = " -> ".join(chain + [sid])
-                raise ConfigError([Problem(self.source, "stages", f"stages depend on each other in a cycle: {cyc}")])
-            state[sid] = 1
-            for ref in sorted(_refs(self.specs[sid].component.options)):
-                if ref in self.specs:
-                    visit(ref, chain + [sid])
-            state[sid] = 2
-            order.append(sid)
-
-        for sid in self.specs:
-            visit(sid, [])
-        return order
+        """Stage ids, each after the stages it references (``graphlib``; ties in recipe order)."""
+        graph = {sid: sorted(r for r in _refs(spec.component.options) if r in self.specs)
+                 for sid, spec in self.specs.items()}
+        try:
+            return list(TopologicalSorter(graph).static_order())
+        except CycleError as e:
+            cyc = " -> ".join(reversed(e.args[1]))  # graphlib lists each node before the one it depends on
+            raise ConfigError([Problem(self.source, "stages", f"stages depend on each other in a cycle: {cyc}")]) \
+                from None
 
     def _key(self, spec: StageSpec) -> str:
         cls = spec.component.plugin_class()

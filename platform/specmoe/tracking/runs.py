@@ -5,6 +5,7 @@ JSON artifacts of a run. MLflow only: turning runs into results is the evaluatio
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -15,22 +16,13 @@ from typing import Any, Callable, Iterator
 
 from specmoe.errors import UserError
 from specmoe.tracking.schema import CELL_KIND
+from specmoe.tracking.uri import resolve_uri as _resolve_uri
 
 __all__ = ["resolve_uri", "search_cell_runs", "json_artifacts"]
 
 
-def resolve_uri(uri: str | None, workdir: Path | None = None) -> str:
-    """``uri`` > ``$MLFLOW_TRACKING_URI`` > ``sqlite:///<workdir>/mlflow.db`` (which must exist)."""
-    from specmoe.tracking.uri import default_uri
-
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    workdir = Path(workdir or Path.cwd())
-    if not (workdir / "mlflow.db").is_file():
-        raise UserError(f"no MLflow store found: {workdir / 'mlflow.db'} does not exist. Run from the "
-                        "directory where the recipe ran, or pass --uri (or set MLFLOW_TRACKING_URI)")
-    return default_uri(workdir)
+#: the store a reader opens: :func:`specmoe.tracking.uri.resolve_uri` with ``existing=True``
+resolve_uri: Callable[..., str] = functools.partial(_resolve_uri, existing=True)
 
 
 def search_cell_runs(uri: str, experiment: str, run_id: str | None = None) -> list[Any]:

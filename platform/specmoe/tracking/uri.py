@@ -40,10 +40,23 @@ def sqlite_path(uri: str) -> Optional[Path]:
     return Path(path) if path and path != ":memory:" else None
 
 
-def resolve_uri(tracking_cfg: Any, workdir: Path) -> str:
-    """``tracking.uri`` > ``$MLFLOW_TRACKING_URI`` > ``sqlite:///<workdir>/mlflow.db``."""
-    return (getattr(tracking_cfg, "uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
-            or default_uri(workdir))
+def resolve_uri(uri: Any = None, workdir: Path | None = None, *, existing: bool = False) -> str:
+    """``uri`` (a string, or a ``tracking`` config's ``.uri``) > ``$MLFLOW_TRACKING_URI`` >
+    ``sqlite:///<workdir>/mlflow.db`` (``workdir`` default: the current directory).
+
+    ``existing``: readers (``platform compare``, ``platform ui``) need a store that is there: a missing default
+    ``mlflow.db`` is a :class:`UserError` saying where to run from, not a new empty store.
+    """
+    if uri is not None and not isinstance(uri, str):
+        uri = getattr(uri, "uri", None)
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    workdir = Path(workdir or Path.cwd())
+    if existing and not (workdir / "mlflow.db").is_file():
+        raise UserError(f"no MLflow store found: {workdir / 'mlflow.db'} does not exist. Run from the "
+                        "directory where the recipe ran, or pass --uri (or set MLFLOW_TRACKING_URI)")
+    return default_uri(workdir)
 
 
 def _connect(host: str, port: int, timeout: float) -> Optional[str]:
