@@ -17,7 +17,13 @@ Request (JSON object)::
                                              # it is; needed by configs > 0
       "prompts": [[1, 2, 3], ...],           # token ids (used as they are: no tokenizer is needed)
       "max_new_tokens": 96,
-      "configs": [0, 1, 2, 3],               # 0 = no speculation, n > 0 = EAGLE-3 chain of n drafts
+      "configs": [0, 1, 2, 3],               # 0 = no speculation, n > 0 = EAGLE-3 chain of n drafts, or an
+                                             # object: {"name": "plugin", "num_speculative_tokens": 5,
+                                             #  "plugin": {"policy": "policy.json", "expert_cost": true,
+                                             #             "online": true}}: EAGLE-3 with up to n drafts,
+                                             # specmoe_vllm's scheduler choosing per step how many to verify
+      "cells": [{"batch": 1, "temperature": 0.0}],   # per config, the prompts in groups of `batch` requests
+                                             # per generate call, sampled at `temperature` (seed per prompt)
       "dtype": "float32",                    # float32 | bfloat16
       "repeats": 1,                          # each prompt timed this many times, the fastest kept
       "warmup": 1,                           # untimed prompts run first on every engine
@@ -35,6 +41,7 @@ Output (JSON object)::
       "threads": 1, "cpu": "<model name from /proc/cpuinfo>", "max_new_tokens": 96,
       "runs": [
         {
+          "name": "eagle3_chain3",           # no_spec, eagle3_chain<n>, or the config's name
           "num_speculative_tokens": 0,       # the config
           "startup_s": 21.3,                 # LLM(...) construction, wall clock
           "outputs": [[...], ...],           # generated token ids per prompt (greedy)
@@ -47,7 +54,16 @@ Output (JSON object)::
           "accepted_tokens": 980,            # vllm:spec_decode_num_accepted_tokens
           "accepted_per_pos": [380, 330, 270],   # vllm:spec_decode_num_accepted_tokens_per_pos
           "acceptance_per_pos": [0.95, 0.83, 0.68],  # accepted_per_pos / drafts
-          "tokens_per_step": 3.45            # 1 + accepted_tokens / drafts (vLLM's mean acceptance length)
+          "tokens_per_step": 3.45,           # 1 + accepted_tokens / drafts (vLLM's mean acceptance length)
+          "cells": [{"batch": 1, "temperature": 0.0, "outputs": ..., "seconds": [...] (per generate call),
+                     "tokens": ..., "tokens_per_s": ..., the speculation counters above, and with the plugin
+                     "plugin": {"steps", "steps_capped" (a request held more drafts than the policy chose),
+                                "k_hist", "k_next_hist", "budget_violations" (verify steps where vLLM's own
+                                per-request count, per_request_spec_decode_metrics "detailed", exceeds the
+                                choice, or the two sequences differ), "budget_checked_steps", "per_request":
+                                {"drafted": vLLM's per-step drafts per prompt, "chosen": the policy's
+                                non-zero choices per prompt}}}, ...]
+          # (the run's top-level outputs / seconds / counters are its first cell's)
         }, ...
       ]
     }
@@ -127,51 +143,148 @@ def _check_draft(path: str) -> None:
               f"longer fits. Rewrite it: python -m specmoe_plugins.drafters.eagle3.checkpoint {path} NEW_DIR")
 
 
-def run_config(req: dict, n_spec: int) -> dict:
+def _config(c) -> dict:
+    """A config entry -> {"name", "n", "plugin"}."""
+    if isinstance(c, dict):
+        n = int(c.get("num_speculative_tokens", 0))
+        plugin = c.get("plugin")
+        if plugin is not None and (not isinstance(plugin, dict) or not plugin.get("policy")):
+            _fail(f"config {c}: 'plugin' must be an object with a 'policy' file")
+        if plugin is not None and n < 1:
+            _fail(f"config {c}: the plugin needs num_speculative_tokens >= 1 (the most drafts a step may verify)")
+        return {"name": str(c.get("name") or (f"plugin{n}" if plugin else f"eagle3_chain{n}")), "n": n,
+                "plugin": plugin}
+    n = int(c)
+    return {"name": "no_spec" if n == 0 else f"eagle3_chain{n}", "n": n, "plugin": None}
+
+
+def _check_plugin(plugin: dict) -> None:
+    try:
+        from specmoe_vllm.policy import PolicyFileError, load_policy
+    except ImportError:
+        _fail("the specmoe_vllm plugin is not installed in vLLM's environment: run bash docker/vllm_env.sh")
+    try:
+        load_policy(plugin["policy"])
+    except PolicyFileError as exc:
+        _fail(str(exc))
+
+
+def _read_log(path: str) -> list[dict]:
+    if not path or not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _budget(log: list[dict], results) -> dict:
+    """The plugin's choices (its log) against what vLLM verified per request (its detailed per-request
+    metrics): per request, the sequence of steps that verified drafts must be the policy's non-zero choices."""
+    chosen: dict[str, list[int]] = {}
+    capped = 0
+    k_hist: dict[int, int] = {}
+    next_hist: dict[int, int] = {}
+    for step in log:
+        next_hist[step["k_next"]] = next_hist.get(step["k_next"], 0) + 1
+        for rid, held in step["held"].items():
+            k = int(step["k"].get(rid, 0))
+            k_hist[k] = k_hist.get(k, 0) + 1
+            capped += k < held
+            if k > 0:
+                chosen.setdefault(rid.split("-")[0], []).append(k)
+    violations = checked = 0
+    detail = {"drafted": [], "chosen": []}
+    for res in results:
+        m = res.outputs[0].spec_decode_metrics
+        drafted = list(m.per_step_drafted) if m is not None else []
+        want = chosen.get(str(res.request_id).split("-")[0], [])
+        detail["drafted"].append(drafted)
+        detail["chosen"].append(want)
+        checked += len(drafted)
+        if len(drafted) != len(want):
+            violations += max(len(drafted), len(want))
+            continue
+        violations += sum(d > k for d, k in zip(drafted, want))
+    return {"steps": len(log), "steps_capped": capped, "k_hist": {str(k): v for k, v in sorted(k_hist.items())},
+            "k_next_hist": {str(k): v for k, v in sorted(next_hist.items())}, "budget_violations": violations,
+            "budget_checked_steps": checked, "per_request": detail}
+
+
+def run_config(req: dict, config, workdir: str = ".") -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    cfg = _config(config)
+    n_spec, plugin = cfg["n"], cfg["plugin"]
+    cells = req.get("cells") or [{"batch": 1, "temperature": 0.0}]
+    max_batch = max(int(c.get("batch", 1)) for c in cells)
     kw = dict(model=req["target"], dtype=req.get("dtype", "float32"), seed=0,
-              max_model_len=int(req.get("max_model_len", 2048)), max_num_seqs=1,
+              max_model_len=int(req.get("max_model_len", 2048)), max_num_seqs=max_batch,
               enforce_eager=bool(req.get("enforce_eager", True)), disable_log_stats=False,
               skip_tokenizer_init=not os.path.isfile(os.path.join(req["target"], "tokenizer.json")))
+    log_path = ""
     if n_spec > 0:
         if not req.get("draft"):
             _fail(f"config {n_spec} needs an EAGLE-3 draft: set 'draft' in the request")
         _check_draft(req["draft"])
         kw["speculative_config"] = {"method": "eagle3", "model": req["draft"],
                                     "num_speculative_tokens": int(n_spec)}
+        kw["per_request_spec_decode_metrics"] = "detailed"
+    if plugin is not None:
+        _check_plugin(plugin)
+        log_path = os.path.join(workdir, f"plugin_log_{cfg['name']}.jsonl")
+        if os.path.exists(log_path):
+            os.remove(log_path)
+        opts = {k: plugin[k] for k in ("policy", "expert_cost", "online") if k in plugin}
+        kw["scheduler_cls"] = "specmoe_vllm.scheduler.SpecMoEScheduler"
+        kw["additional_config"] = {"specmoe": {**opts, "log": log_path}}
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if req.get("multiprocessing", False) else "0"
     t0 = time.perf_counter()
     llm = LLM(**kw)
     startup = time.perf_counter() - t0
-    params = SamplingParams(temperature=0.0, max_tokens=int(req["max_new_tokens"]),
-                            ignore_eos=bool(req.get("ignore_eos", True)), detokenize=False)
     prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in req["prompts"]]
-    for p in prompts[: int(req.get("warmup", 1))]:
-        llm.generate([p], params, use_tqdm=False)
     repeats = max(1, int(req.get("repeats", 1)))
-    outputs, seconds, spec = [], [], None
-    for r in range(repeats):
-        before = _spec_metrics(llm) if n_spec > 0 and r == 0 else None
-        for i, p in enumerate(prompts):
-            t = time.perf_counter()
-            res = llm.generate([p], params, use_tqdm=False)[0]
-            dt = time.perf_counter() - t
-            ids = [int(x) for x in res.outputs[0].token_ids]
-            if r == 0:
-                outputs.append(ids)
-                seconds.append(dt)
-            else:
-                seconds[i] = min(seconds[i], dt)
-        if before is not None:
-            spec = _delta(_spec_metrics(llm), before)
-    tokens = sum(len(o) for o in outputs)
-    run = {"num_speculative_tokens": int(n_spec), "startup_s": round(startup, 3), "outputs": outputs,
-           "seconds": [round(s, 6) for s in seconds], "tokens": tokens,
-           "tokens_per_s": round(tokens / max(sum(seconds), 1e-9), 3)}
-    if spec is not None:
-        run.update(spec)
+    done = []
+    for cell in cells:
+        batch, temp = int(cell.get("batch", 1)), float(cell.get("temperature", 0.0))
+
+        def params(i: int, temp: float = temp):
+            return SamplingParams(temperature=temp, max_tokens=int(req["max_new_tokens"]),
+                                  ignore_eos=bool(req.get("ignore_eos", True)), detokenize=False,
+                                  seed=(1000 + i) if temp > 0 else None)
+
+        groups = [list(range(i, min(i + batch, len(prompts)))) for i in range(0, len(prompts), batch)]
+        for g in groups[: int(req.get("warmup", 1))]:
+            llm.generate([prompts[i] for i in g], [params(i) for i in g], use_tqdm=False)
+        outputs: list = [None] * len(prompts)
+        seconds, spec, results, log_start = [], None, [], len(_read_log(log_path))
+        log_rounds: list[dict] = []
+        for r in range(repeats):
+            before = _spec_metrics(llm) if n_spec > 0 and r == 0 else None
+            for j, g in enumerate(groups):
+                t = time.perf_counter()
+                res = llm.generate([prompts[i] for i in g], [params(i) for i in g], use_tqdm=False)
+                dt = time.perf_counter() - t
+                if r == 0:
+                    results.extend(res)
+                    for i, o in zip(g, res):
+                        outputs[i] = [int(x) for x in o.outputs[0].token_ids]
+                    seconds.append(dt)
+                else:
+                    seconds[j] = min(seconds[j], dt)
+            if before is not None:
+                spec = _delta(_spec_metrics(llm), before)
+            if r == 0 and plugin is not None:
+                log_rounds = _read_log(log_path)[log_start:]
+        tokens = sum(len(o) for o in outputs)
+        out = {"batch": batch, "temperature": temp, "outputs": outputs, "seconds": [round(x, 6) for x in seconds],
+               "tokens": tokens, "tokens_per_s": round(tokens / max(sum(seconds), 1e-9), 3)}
+        if spec is not None:
+            out.update(spec)
+        if plugin is not None:
+            out["plugin"] = _budget(log_rounds, results)
+        done.append(out)
+    run = {"name": cfg["name"], "num_speculative_tokens": int(n_spec), "startup_s": round(startup, 3),
+           **{k: v for k, v in done[0].items() if k not in ("batch", "temperature")}, "cells": done}
     del llm
     return run
 
@@ -193,8 +306,9 @@ def main(argv: list[str]) -> None:
     out = {"engine": "vllm", "vllm_version": vllm.__version__, "torch_version": torch.__version__,
            "dtype": req.get("dtype", "float32"), "threads": int(os.environ["OMP_NUM_THREADS"]),
            "cpu": _cpu_name(), "max_new_tokens": int(req["max_new_tokens"]), "runs": []}
-    for n in req.get("configs", [0]):
-        out["runs"].append(run_config(req, int(n)))
+    workdir = os.path.dirname(os.path.abspath(argv[2]))
+    for c in req.get("configs", [0]):
+        out["runs"].append(run_config(req, c, workdir))
         with open(argv[2], "w") as f:  # partial results survive a later config's failure
             json.dump(out, f, indent=1)
 

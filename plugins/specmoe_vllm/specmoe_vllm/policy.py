@@ -70,9 +70,27 @@ class ExpertTable:
     fallback: list[list[int]]
     #: per layer and expert: P(expert among a random token's top_k) (sums to top_k per layer)
     frequency: list[list[float]]
+    #: token -> its distinct flat slots ``layer * num_experts + expert`` (key -1: the fallback row)
+    flat: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    _unknown: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        def slots(rows: list[list[int]]) -> tuple[int, ...]:
+            return tuple(sorted({layer * self.num_experts + e for layer, r in enumerate(rows) for e in r}))
+
+        self.flat = {t: slots(r) for t, r in self.experts.items()}
+        self.flat[-1] = slots(self.fallback)
 
     def of(self, token: int) -> list[list[int]]:
         return self.experts.get(int(token), self.fallback)
+
+    def unknown_union(self, n: int) -> float:
+        """Expected expert-layers touched by ``n`` draft tokens not known yet (each expert independently, with
+        its frequency): sum over layers and experts of 1 - (1 - q)^n; memoised by n."""
+        while len(self._unknown) <= n:
+            m = len(self._unknown)
+            self._unknown.append(sum(1.0 - (1.0 - min(q, 1.0)) ** m for f in self.frequency for q in f))
+        return self._unknown[n]
 
 
 @dataclass
@@ -348,34 +366,35 @@ class Decision:
 
 
 class _Union:
-    """Expected union size per MoE layer: per expert, P(not touched) multiplied over the tokens added."""
+    """The pass's expert union over all MoE layers (flat ``layer * E + expert`` slots) and its size; unknown
+    draft tokens are priced separately (:meth:`GoodputPolicy._plan`)."""
 
     def __init__(self, table: ExpertTable | None):
         self.table = table
-        self.miss = [[1.0] * table.num_experts for _ in range(table.num_layers)] if table else []
+        self.seen = bytearray(table.num_layers * table.num_experts) if table else bytearray()
+        self.n = 0
+        self._flat: dict[int, tuple[int, ...]] = table.flat if table else {}
 
     def size(self) -> float:
-        return sum(len(m) - sum(m) for m in self.miss)
+        return float(self.n)
 
-    def gain(self, token: int | None) -> float:
-        """Expected new expert-layers if ``token`` (None: an unknown draft token) joins the pass."""
+    def _slots(self, token: int) -> tuple[int, ...]:
+        return self._flat.get(int(token)) or self._flat[-1]
+
+    def gain(self, token: int) -> float:
+        """New expert-layers if ``token`` joins the pass."""
         if self.table is None:
             return 0.0
-        if token is None:
-            return sum(sum(mi * q for mi, q in zip(m, f)) for m, f in zip(self.miss, self.table.frequency))
-        return sum(sum(m[e] for e in row) for m, row in zip(self.miss, self.table.of(token)))
+        seen = self.seen
+        return float(sum(1 for i in self._slots(token) if not seen[i]))
 
-    def add(self, token: int | None) -> None:
+    def add(self, token: int) -> None:
         if self.table is None:
             return
-        if token is None:
-            for m, f in zip(self.miss, self.table.frequency):
-                for e, q in enumerate(f):
-                    m[e] *= 1.0 - min(q, 1.0)
-        else:
-            for m, row in zip(self.miss, self.table.of(token)):
-                for e in row:
-                    m[e] = 0.0
+        for i in self._slots(token):
+            if not self.seen[i]:
+                self.seen[i] = 1
+                self.n += 1
 
 
 class GoodputPolicy:
@@ -407,10 +426,17 @@ class GoodputPolicy:
             if r.root is not None:
                 union.add(r.root)
                 num += 1.0
-        if self.expert_cost:
-            for _ in range(min(sum(r.extra_tokens for r in rows), 4 * self.spec.table.num_experts)):
-                union.add(None)  # prefill tokens touch experts too (which ones is not known here)
+        extra = sum(r.extra_tokens for r in rows)
+        if self.expert_cost and extra:  # prefill tokens touch experts too (which ones is not known here)
+            union.n += self._joint(union.n, min(extra, 64)) - union.n
         return union, tokens, kv, num
+
+    def _joint(self, known: float, n_unknown: int) -> float:
+        """Expected union of a known set of ``known`` expert-layers and ``n_unknown`` unknown tokens (taken as
+        independent of the known set)."""
+        t = self.spec.table
+        total = t.num_layers * t.num_experts
+        return known + t.unknown_union(n_unknown) * (1.0 - known / total)
 
     def _chains(self, rows: Sequence[Row], n: int) -> dict[str, list[float]]:
         return {r.req: self.acceptance.chain("sampled" if r.sampled else "greedy", r.req, n) for r in rows}
@@ -462,11 +488,8 @@ class GoodputPolicy:
         chains = self._chains(rows, self.K)
         order = sorted(((p, i) for c in chains.values() for i, p in enumerate(c)), key=lambda x: -x[0])
         c_tok, c_exp = self._coefs()
-        grow = [union.size()]
-        if c_exp > 0:
-            for _ in order:
-                union.add(None)
-                grow.append(union.size())
+        u0 = union.size()
+        grow = [self._joint(u0, n) for n in range(len(order) + 1)] if c_exp > 0 else [u0] * (len(order) + 1)
         best_k, best_rate = 0, -1.0
         for kn in range(self.K + 1):
             t = self._seconds(tokens, grow[0], kv, kn)
