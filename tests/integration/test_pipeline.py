@@ -22,7 +22,7 @@ DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from specmoe.training.tokenizer import train_bpe_tokenizer
+    from specmoe_plugins.targets.tiny.tokenizer import train_bpe_tokenizer
 
     lines = [json.loads(line) for line in (DATA / "gsm8k" / "train.jsonl").read_text().splitlines()[:300]]
     tok = train_bpe_tokenizer((r["question"] + "\n" + r["answer"] for r in lines), vocab_size=320)

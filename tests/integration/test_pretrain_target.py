@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from specmoe.interfaces.stage import StageContext
-from specmoe.training.router_balance import RouterCollapseError, balance_stats, check_router_collapse
-from specmoe.training.text_data import TextSource
 from specmoe.training.trainer import TrainerOptions
+from specmoe_plugins.targets.tiny.router_balance import RouterCollapseError, balance_stats, check_router_collapse
+from specmoe_plugins.targets.tiny.text_data import TextSource
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
@@ -42,7 +42,7 @@ def _gsm8k_lines(tmp_path: Path) -> Path:
 
 
 def _stage(max_steps: int):
-    from specmoe_plugins.stages.pretrain_target import PretrainTarget
+    from specmoe_plugins.targets.tiny.stage import PretrainTarget
 
     trainer = TrainerOptions(max_epochs=-1, max_steps=max_steps, val_check_interval=2,
                              check_val_every_n_epoch=None, log_every_n_steps=1, enable_progress_bar=False,
@@ -169,7 +169,7 @@ def test_training_experts_match_eager(arch):
     import transformers
 
     from specmoe.models.tiny import tiny_config
-    from specmoe.training.pretrain import TRAIN_EXPERTS, _register_train_experts
+    from specmoe_plugins.targets.tiny.module import TRAIN_EXPERTS, _register_train_experts
 
     _register_train_experts()
     torch.manual_seed(0)
@@ -213,7 +213,7 @@ def test_stage_logs_a_nested_mlflow_run(tmp_path):
 def test_default_target_is_the_chosen_gpt_oss_size():
     """``{id: target, name: pretrain_target}`` with no options: GPT-OSS, 4 layers, 32 experts of >= 1 MB."""
     from specmoe.models.tiny import tiny_config
-    from specmoe_plugins.stages.pretrain_target import DEFAULT_MODELS, PretrainTarget
+    from specmoe_plugins.targets.tiny.stage import DEFAULT_MODELS, PretrainTarget
 
     cfg = PretrainTarget().config
     assert cfg.arch == "gpt_oss" and cfg.model == {} and cfg.trainer.max_time is None
@@ -234,7 +234,7 @@ def test_schedule_is_transformers_cosine_over_max_steps(tmp_path):
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
     from specmoe.models.tiny import tiny_config
-    from specmoe.training.pretrain import PretrainLM
+    from specmoe_plugins.targets.tiny.module import PretrainLM
 
     torch.set_num_threads(1)
     module = PretrainLM(tiny_config("gpt_oss", vocab_size=64, **SMALL).to_dict(), lr=1e-3, warmup_steps=2,
@@ -266,7 +266,7 @@ def test_wall_clock_guard_reports_an_incomplete_stage_and_the_rerun_resumes(tmp_
     """``trainer.max_time`` stops long before ``max_steps``: the stage raises ``StageIncomplete`` (no
     export, no finished summary), ``last.ckpt`` holds the step it stopped at, and a rerun continues from it."""
     from specmoe.errors import StageIncomplete
-    from specmoe_plugins.stages.pretrain_target import PretrainTarget
+    from specmoe_plugins.targets.tiny.stage import PretrainTarget
 
     torch.set_num_threads(1)
     data = _gsm8k_lines(tmp_path)
@@ -292,7 +292,7 @@ def test_collapse_stops_training_at_the_first_validation(tmp_path):
     import lightning as L
 
     from specmoe.models.tiny import tiny_config
-    from specmoe.training.pretrain import PretrainLM
+    from specmoe_plugins.targets.tiny.module import PretrainLM
 
     torch.set_num_threads(1)
     module = PretrainLM(tiny_config("gpt_oss", vocab_size=64, **SMALL).to_dict(), lr=1e-6)
@@ -310,7 +310,7 @@ def test_collapse_stops_training_at_the_first_validation(tmp_path):
 
 def test_router_losses_are_per_layer():
     """Two layers collapsed onto different experts look balanced when pooled (HF's loss) but not per layer."""
-    from specmoe.training.router_balance import router_losses
+    from specmoe_plugins.targets.tiny.router_balance import router_losses
 
     uniform = torch.zeros(64, 8)
     aux, z = router_losses([uniform, uniform], top_k=2)
@@ -328,8 +328,8 @@ def test_bias_balancing_moves_load_to_idle_experts(tmp_path):
     import lightning as L
 
     from specmoe.models.tiny import tiny_config
-    from specmoe.training.pretrain import PretrainLM
-    from specmoe.training.router_balance import BiasBalancer
+    from specmoe_plugins.targets.tiny.module import PretrainLM
+    from specmoe_plugins.targets.tiny.router_balance import BiasBalancer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -357,7 +357,7 @@ def test_a_real_evaluation_prints_intervals_and_verdicts(tmp_path, monkeypatch):
 
     from specmoe.api import run
     from specmoe.config.load import load_recipe
-    from specmoe.training.tokenizer import train_bpe_tokenizer
+    from specmoe_plugins.targets.tiny.tokenizer import train_bpe_tokenizer
 
     data = Path(__file__).resolve().parents[3] / "shared" / "data"
     lines = [json.loads(x) for x in (data / "gsm8k" / "train.jsonl").read_text().splitlines()[:100]]

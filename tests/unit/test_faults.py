@@ -184,7 +184,7 @@ def test_partial_trainer_override_keeps_the_stage_defaults(tmp_path):
     cfg = load_recipe(recipe)
     trainer = cfg.stages[0].component.options["trainer"]
     assert trainer.max_steps == 5
-    from specmoe_plugins.stages.pretrain_target import PretrainTarget
+    from specmoe_plugins.targets.tiny.stage import PretrainTarget
 
     default = PretrainTarget.Config().trainer
     for name in ("check_val_every_n_epoch", "val_check_interval", "max_epochs", "gradient_clip_val"):

@@ -229,6 +229,18 @@ MOVED_INTO_PLUGINS = {
                                    ["TokenTable", "build_token_table", "TABLE_FILE", "TABLE_META"]),
     "specmoe.bench.predictor": ("specmoe_plugins.predictors.draft_head.bench",
                                 ["add_arguments", "run", "GPTOSS120B", "head_case", "demo_target", "learned_case"]),
+    "specmoe.training.pretrain": ("specmoe_plugins.targets.tiny.module",
+                                  ["PretrainLM", "DEFAULT_BALANCE_RATE", "build_hf_config", "num_experts_of",
+                                   "evaluate_blocks", "TRAIN_EXPERTS", "sorted_loop_experts_forward"]),
+    "specmoe.training.text_data": ("specmoe_plugins.targets.tiny.text_data",
+                                   ["TextSource", "GSM8K_TRAIN", "FORMATTERS", "read_documents", "group_documents",
+                                    "pack_documents", "TextDataModule", "SeededSampler"]),
+    "specmoe.training.tokenizer": ("specmoe_plugins.targets.tiny.tokenizer",
+                                   ["BOS", "EOS", "PAD", "CHAT_TEMPLATE", "DOCUMENT_TEMPLATE", "train_bpe_tokenizer",
+                                    "load_tokenizer", "render_exchange"]),
+    "specmoe.training.router_balance": ("specmoe_plugins.targets.tiny.router_balance",
+                                        ["RouterCollapseError", "ExpertCounter", "BiasBalancer", "router_losses",
+                                         "router_bias", "balance_stats", "check_router_collapse", "moe_layer_ids"]),
 }
 
 

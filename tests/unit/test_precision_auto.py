@@ -42,7 +42,7 @@ def test_auto_measures_once_and_reads_the_decision_afterwards(native_cpu, tmp_pa
     assert record["decision"] == "32-true" and record["identity"] == precision.cpu_identity()
     for _ in range(3):  # later calls (and stage keys) read the file: no new measurement
         assert resolve_precision("auto", "auto") == "32-true"
-    from specmoe_plugins.stages.pretrain_target import PretrainTarget
+    from specmoe_plugins.targets.tiny.stage import PretrainTarget
 
     assert trainer_key_facts(PretrainTarget, {}) == {"precision": "32-true"}
     assert calls == ["train_moe_lm"]
@@ -83,7 +83,7 @@ def test_another_machine_identity_measures_its_own(native_cpu, monkeypatch):
 def test_an_explicit_precision_is_never_replaced(native_cpu, explicit):
     calls, _ = native_cpu
     assert resolve_precision(explicit, "cpu") == explicit
-    from specmoe_plugins.stages.pretrain_target import PretrainTarget
+    from specmoe_plugins.targets.tiny.stage import PretrainTarget
 
     assert trainer_key_facts(PretrainTarget, {"trainer": {"precision": explicit}}) == {"precision": explicit}
     assert calls == []

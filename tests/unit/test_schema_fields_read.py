@@ -43,7 +43,7 @@ def reads(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from specmoe.training.tokenizer import train_bpe_tokenizer
+    from specmoe_plugins.targets.tiny.tokenizer import train_bpe_tokenizer
 
     lines = [json.loads(x) for x in (DATA / "gsm8k" / "train.jsonl").read_text().splitlines()[:100]]
     out = tmp_path_factory.mktemp("tok")

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from specmoe.decoding.stopping import StopRule
-from specmoe.training.tokenizer import train_bpe_tokenizer
+from specmoe_plugins.targets.tiny.tokenizer import train_bpe_tokenizer
 
 TEXTS = ["Question: Natalia sold 48 clips.\nAnswer: 48 / 2 = 24.\n#### 72\n\n",
          "日本語のテキスト, café crème, naïve 😀 emoji 🚀 and more 日本.\n\n",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specmoe.errors import UserError
-from specmoe.training.text_data import (
+from specmoe_plugins.targets.tiny.text_data import (
     GSM8K_TRAIN,
     SeededSampler,
     TextDataModule,
@@ -18,7 +18,7 @@ from specmoe.training.text_data import (
     pack_documents,
     read_documents,
 )
-from specmoe.training.tokenizer import BOS, EOS, PAD, load_tokenizer, render_exchange, train_bpe_tokenizer
+from specmoe_plugins.targets.tiny.tokenizer import BOS, EOS, PAD, load_tokenizer, render_exchange, train_bpe_tokenizer
 
 NAMES = ["Natalia", "Weng", "Betty", "Julie", "James", "Albert", "Ken", "Alexis", "Tina", "Randy"]
 

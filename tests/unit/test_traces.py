@@ -129,7 +129,7 @@ def test_reopening_with_another_plan_is_refused(target, traces):
 
 
 def test_multi_turn_sample_traces_the_whole_conversation(make_target, tmp_path):
-    from specmoe.training.tokenizer import train_bpe_tokenizer
+    from specmoe_plugins.targets.tiny.tokenizer import train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(["what is two plus two", "the answer is four"] * 4, vocab_size=280)
     target = make_target("qwen3_moe", vocab_size=288)

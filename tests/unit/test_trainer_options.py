@@ -108,7 +108,7 @@ def test_partial_trainer_mapping_keeps_the_stage_defaults(tmp_path):
     """``trainer: {precision: 32-true}`` on the demo's target validates and keeps max_steps, the validation
     interval across epochs (``check_val_every_n_epoch: null``) and the rest."""
     from specmoe.config.load import load_recipe
-    from specmoe_plugins.stages.pretrain_target import PretrainTarget
+    from specmoe_plugins.targets.tiny.stage import PretrainTarget
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: k\nstages:\n  - {id: t, name: pretrain_target, trainer: {precision: 32-true}}\n")

@@ -22,9 +22,9 @@ from typing import Any, Optional
 
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
-from specmoe.training.router_balance import RouterCollapseError
-from specmoe.training.text_data import GSM8K_TRAIN, TextSource
 from specmoe.training.trainer import TrainerOptions, stage_trainer_options, trainer_key_facts
+from specmoe_plugins.targets.tiny.router_balance import RouterCollapseError
+from specmoe_plugins.targets.tiny.text_data import GSM8K_TRAIN, TextSource
 
 __all__ = ["PretrainTarget", "DEFAULT_MODELS"]
 
@@ -92,12 +92,12 @@ class PretrainTarget(Stage):
         ``router_aux_loss_coef``."""
         balance_rate: Optional[float] = None
         """auxiliary-loss-free balancing (DeepSeek-V3): router-bias update per optimizer step (0: off;
-        null: ``specmoe.training.pretrain.DEFAULT_BALANCE_RATE`` where the router has a bias, GPT-OSS and
+        null: ``DEFAULT_BALANCE_RATE`` of this folder's ``module.py`` where the router has a bias, GPT-OSS and
         DeepSeek-V3, else 0)."""
         checkpoint_every_n_steps: int = 50
         collapse_fraction: float = 0.5
         """router-collapse limit on the share of each layer's top-k busiest experts, checked at every
-        validation and on the test text (see ``specmoe.training.router_balance.check_router_collapse``)."""
+        validation and on the test text (see ``check_router_collapse`` in ``router_balance.py``)."""
         max_dead_fraction: float = 0.25
         """router-collapse limit on the share of experts without any token (1: not checked)."""
         test: Optional[TextSource] = field(
@@ -114,8 +114,8 @@ class PretrainTarget(Stage):
         import torch
 
         from specmoe.training.checkpoints import resume_checkpoint
-        from specmoe.training.pretrain import PretrainLM
-        from specmoe.training.text_data import TextDataModule
+        from specmoe_plugins.targets.tiny.module import PretrainLM
+        from specmoe_plugins.targets.tiny.text_data import TextDataModule
 
         cfg = self.config
         out = Path(out_dir)
@@ -181,8 +181,8 @@ class PretrainTarget(Stage):
 
     def _tokenizer(self, out: Path, data_dir: Path, sources: list[TextSource]):
         from specmoe.stages.runner import rank_world
-        from specmoe.training.text_data import read_documents
-        from specmoe.training.tokenizer import load_tokenizer, train_bpe_tokenizer
+        from specmoe_plugins.targets.tiny.text_data import read_documents
+        from specmoe_plugins.targets.tiny.tokenizer import load_tokenizer, train_bpe_tokenizer
 
         if (out / "tokenizer.json").is_file():
             return load_tokenizer(out)
@@ -223,7 +223,7 @@ class PretrainTarget(Stage):
 
     @staticmethod
     def _model_facts(model: Any) -> dict[str, Any]:
-        from specmoe.training.pretrain import num_experts_of
+        from specmoe_plugins.targets.tiny.module import num_experts_of
 
         c = model.config
         experts = model.model.layers[0].mlp.experts
@@ -237,9 +237,9 @@ class PretrainTarget(Stage):
     def _evaluate(self, out: Path, data: Any, data_dir: Path) -> dict[str, Any]:
         """Perplexity and load balance of the exported checkpoint, loaded as the ``hf`` target; samples."""
         from specmoe.registry import targets
-        from specmoe.training.pretrain import evaluate_blocks
-        from specmoe.training.router_balance import balance_stats, check_router_collapse
-        from specmoe.training.text_data import pack_documents, read_documents
+        from specmoe_plugins.targets.tiny.module import evaluate_blocks
+        from specmoe_plugins.targets.tiny.router_balance import balance_stats, check_router_collapse
+        from specmoe_plugins.targets.tiny.text_data import pack_documents, read_documents
 
         HFTarget = targets.get("hf")  # the exported checkpoint, loaded as any recipe would load it
 
