@@ -136,6 +136,20 @@ PackedScoreFn = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
 TakeFn = Callable[[int, int], bool]
 
 
+def _buffer_complement(roots: np.ndarray, live: np.ndarray, b: int, buffer: np.ndarray | None,
+                       shared: bool) -> np.ndarray:
+    """``[1 or B, W]`` complement of the initial packed buffer (``buffer`` plus the live roots' paths ``roots``):
+    the new experts of a path are ``popcount(path & complement)``."""
+    buf = np.zeros((1 if shared else b, roots.shape[1]), dtype=np.uint64)
+    if buffer is not None:
+        buf |= buffer
+    if shared:
+        buf[0] |= np.bitwise_or.reduce(roots, axis=0)
+    else:
+        buf[live] |= roots
+    return ~buf
+
+
 def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer: np.ndarray | None = None,
                   shared: bool = True, joint: bool = False, take: TakeFn | None = None) -> np.ndarray:
     """:func:`greedy_select` on a :class:`PackedPool`, with an expert buffer kept as packed words.
@@ -163,18 +177,8 @@ def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer
     kids, start = pool.kids, pool.start.tolist()
     paths = None if pool.paths is None else pool.paths.reshape(b * n, -1)
     live = np.flatnonzero(pool.valid[:, 0])
-    nbuf = None
-    if paths is not None:
-        buf = np.zeros((1 if shared else b, paths.shape[1]), dtype=np.uint64)
-        if buffer is not None:
-            buf |= buffer
-        roots = paths[live * n]
-        if shared:
-            buf[0] |= np.bitwise_or.reduce(roots, axis=0)
-        else:
-            buf[live] |= roots
-        nbuf = ~buf  # complement of the buffer: new experts of a path = popcount(path & nbuf)
-        npaths = ~paths
+    nbuf = None if paths is None else _buffer_complement(paths[live * n], live, b, buffer, shared)
+    npaths = None if paths is None else ~paths
     sel[live * n] = True
     for r in live.tolist():
         left[r] = max(budget - 1, 0)

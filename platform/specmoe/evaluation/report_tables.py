@@ -368,6 +368,48 @@ def _cell_of(here: Sequence[CellResult], label: str, dataset: str) -> CellResult
     return next((c for c in here if f"{c.method}@{c.budget}" == label and c.dataset == dataset), None)
 
 
+def _adaptive_entry(here: Sequence[CellResult], name: str, over: Sequence[str], b: Any, cf: float | None,
+                    base: dict[str, Any], fitted: bool) -> tuple[str, dict[str, Any], bool]:
+    """One entry of :func:`adaptive_tables`: adaptive method ``name`` over datasets ``over`` against the best fixed
+    member ``b`` (``(label, speedup)`` or None) and the cross-fitted best ``cf``: its text, its record, and
+    whether it shows an interval."""
+    vals = [c.metrics["speedup"] for c in here if c.adaptive and f"{c.method}@{c.budget}" == name
+            and c.dataset in over and "speedup" in c.metrics]
+    spd = sum(vals) / len(vals) if len(vals) == len(over) else None
+    ratio = spd / b[1] if spd is not None and b and b[1] > 0 else None
+    crat = spd / cf if spd is not None and cf else None
+    rec = {**base, "method": name, "speedup": spd, "best_fixed": b[0] if b else None,
+           "best_fixed_speedup": b[1] if b else None, "ratio_to_best_fixed": ratio}
+    if spd is None:
+        return "n/a", rec, False
+    shown = False
+    text = f"{spd:.2f}x"
+    mine = _cell_of(here, name, over[0]) if len(over) == 1 else None
+    pair = pair_interval(mine, _cell_of(here, b[0], over[0])) if mine is not None and b else None
+    if mine is not None and "speedup" in mine.intervals:
+        text = _with_interval(text, mine, "speedup", "s")
+        rec.update(speedup_lo=mine.intervals["speedup"][0], speedup_hi=mine.intervals["speedup"][1])
+        shown = True
+    extra = []
+    if ratio:
+        best_ratio = pair.format() if pair is not None and pair.resolved else f"{ratio:.2f}x"
+        extra.append(f"{best_ratio} best")
+        if pair is not None and pair.resolved:
+            rec.update(ratio_to_best_fixed_lo=pair.lo, ratio_to_best_fixed_hi=pair.hi,
+                       verdict_vs_best_fixed=pair.verdict())
+            shown = True
+    if fitted:
+        civ = _cross_fit_interval(here, name, over) if crat is not None else None
+        extra.append("n/a cross-fitted" if crat is None else
+                     f"{civ.format() if civ is not None and civ.resolved else f'{crat:.2f}x'} cross-fitted")
+        rec.update(best_fixed_cross_fitted=cf, ratio_to_cross_fitted=crat)
+        if civ is not None and civ.resolved:
+            rec.update(ratio_to_cross_fitted_lo=civ.lo, ratio_to_cross_fitted_hi=civ.hi,
+                       verdict_vs_cross_fitted=civ.verdict())
+            shown = True
+    return text + (f" ({', '.join(extra)})" if extra else ""), rec, shown
+
+
 def adaptive_tables(cells: Iterable[CellResult]) -> list[Table]:
     """Per (temperature, batch size) with adaptive cells: the best fixed-γ method (over every method and γ)
     next to each adaptive method, per dataset and on average (speedup over AR; the adaptive rows also show
@@ -398,44 +440,10 @@ def adaptive_tables(cells: Iterable[CellResult]) -> list[Table]:
         for name in dict.fromkeys(f"{c.method}@{c.budget}" for c in here if c.adaptive):
             row = [name]
             for over, b, cf, label in zip(cols, best, crossed, [*datasets, "Average"]):
-                vals = [c.metrics["speedup"] for c in here if c.adaptive and f"{c.method}@{c.budget}" == name
-                        and c.dataset in over and "speedup" in c.metrics]
-                spd = sum(vals) / len(vals) if len(vals) == len(over) else None
-                ratio = spd / b[1] if spd is not None and b and b[1] > 0 else None
-                crat = spd / cf if spd is not None and cf else None
-                rec = {**base, "method": name, "dataset": label, "speedup": spd,
-                       "best_fixed": b[0] if b else None, "best_fixed_speedup": b[1] if b else None,
-                       "ratio_to_best_fixed": ratio}
-                if spd is None:
-                    row.append("n/a")
-                    records.append(rec)
-                    continue
-                text = f"{spd:.2f}x"
-                mine = _cell_of(here, name, over[0]) if len(over) == 1 else None
-                pair = pair_interval(mine, _cell_of(here, b[0], over[0])) if mine is not None and b else None
-                if mine is not None and "speedup" in mine.intervals:
-                    text = _with_interval(text, mine, "speedup", "s")
-                    rec.update(speedup_lo=mine.intervals["speedup"][0], speedup_hi=mine.intervals["speedup"][1])
-                    shown = True
-                extra = []
-                if ratio:
-                    best_ratio = pair.format() if pair is not None and pair.resolved else f"{ratio:.2f}x"
-                    extra.append(f"{best_ratio} best")
-                    if pair is not None and pair.resolved:
-                        rec.update(ratio_to_best_fixed_lo=pair.lo, ratio_to_best_fixed_hi=pair.hi,
-                                   verdict_vs_best_fixed=pair.verdict())
-                        shown = True
-                if fitted:
-                    civ = _cross_fit_interval(here, name, over) if crat is not None else None
-                    extra.append("n/a cross-fitted" if crat is None else
-                                 f"{civ.format() if civ is not None and civ.resolved else f'{crat:.2f}x'} cross-fitted")
-                    rec.update(best_fixed_cross_fitted=cf, ratio_to_cross_fitted=crat)
-                    if civ is not None and civ.resolved:
-                        rec.update(ratio_to_cross_fitted_lo=civ.lo, ratio_to_cross_fitted_hi=civ.hi,
-                                   verdict_vs_cross_fitted=civ.verdict())
-                        shown = True
-                row.append(text + (f" ({', '.join(extra)})" if extra else ""))
+                text, rec, with_iv = _adaptive_entry(here, name, over, b, cf, {**base, "dataset": label}, fitted)
+                row.append(text)
                 records.append(rec)
+                shown = shown or with_iv
             rows.append(row)
         mode = "greedy" if t == 0 else "sampling"
         notes = ["best fixed γ: the fastest non-adaptive method and γ of the cell (Average: one for all "
