@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "bench": "specmoe.cli.bench",
     "cache": "specmoe.cli.cache",
     "traces": "specmoe.cli.traces",
+    "peer": "specmoe.peer.export",
 }
 
 

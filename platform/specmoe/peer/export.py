@@ -130,25 +130,28 @@ def _expected_union(table: dict[str, Any], tokens: int) -> float:
 
 def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict[str, Any] | None
                    ) -> dict[str, float]:
-    """Refit ``fixed``, ``tokens``, ``draft_steps`` on the runner's fixed-draft-count runs (seconds per step =
-    seconds / (tokens / tokens per step) per prompt, batch ``rows``), the expert and KV terms held at ``prior``'s
-    (their share of a step is subtracted first): least squares on relative error, terms clipped at 0."""
+    """Refit ``fixed``, ``tokens``, ``draft_steps`` on the runner's fixed-draft-count runs, every cell (seconds
+    per step = seconds / (tokens / tokens per step / batch)), the expert and KV terms held at ``prior``'s (their
+    share of a step is subtracted first): least squares on relative error, terms clipped at 0. Verified tokens
+    and draft steps are collinear at one batch size: give cells of two batch sizes or more."""
     import numpy as np
 
     xs, ys = [], []
     for r in run_out.get("runs", []):
         n = int(r.get("num_speculative_tokens", 0))
-        rows = int(r.get("batch", 1))
-        tps = float(r.get("tokens_per_step") or 1.0)
-        steps = r["tokens"] / tps / rows
-        sec = sum(r["seconds"]) if rows == 1 else float(r.get("batch_seconds", sum(r["seconds"])))
-        if steps <= 0 or sec <= 0:
-            continue
-        y = sec / steps
-        verified = rows * (1 + n)
-        held = prior.get("expert_layers", 0.0) * (_expected_union(table, verified) if table else 0.0)
-        xs.append([1.0, float(verified), float(n)])
-        ys.append(max(y - held, 1e-9))
+        if r.get("name", "").startswith("plugin"):
+            continue  # only fixed draft counts
+        for c in r.get("cells") or [r]:
+            rows = int(c.get("batch", 1))
+            tps = float(c.get("tokens_per_step") or 1.0)
+            steps = c["tokens"] / tps / rows
+            sec = sum(c["seconds"])
+            if steps <= 0 or sec <= 0:
+                continue
+            verified = rows * (1 + n)
+            held = prior.get("expert_layers", 0.0) * (_expected_union(table, verified) if table else 0.0)
+            xs.append([1.0, float(verified), float(n)])
+            ys.append(max(sec / steps - held, 1e-9))
     if len(xs) < 2:
         raise UserError("--vllm-run: need runs with at least two draft counts (configs 0..n) to fit the step cost")
     x, y = np.array(xs), np.array(ys)
