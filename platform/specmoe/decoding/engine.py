@@ -29,7 +29,7 @@ taught it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -44,6 +44,7 @@ from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
 from specmoe.decoding.tree_builder import pool_size
 from specmoe.interfaces.drafter import Committed, Drafter
+from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.predictor import Predictor
 from specmoe.interfaces.selection import AdaptiveSelector, SelectionContext, StepOutcome
 from specmoe.interfaces.selector import Selector
@@ -130,6 +131,36 @@ class StepTrace:
     selected: torch.Tensor
     kv_slots: int
     marks: tuple[int, ...]
+
+
+@dataclass
+class _Run:
+    """One generation's state, shared by its steps.
+
+    Attributes:
+        pending: committed blocks the drafter (and predictor) have not absorbed yet: the prompt and first token,
+            then each AR step's token, or the last speculative step's accepted tokens.
+        last_tok: each row's last committed token (the next step's root).
+        n_ar: AR steps taken (one in ``floor.observe_every`` is reported to the selector).
+        ar_attend: an AR step's ``[B, 1, 1]`` tree mask.
+    """
+
+    bsz: int
+    kv: KVState
+    gen: torch.Generator
+    clock: PhaseClock
+    temperature: float
+    stop: StopRule
+    feat_layers: Sequence[int]
+    outputs: list[list[int]]
+    active: list[bool]
+    active_t: torch.Tensor
+    last_tok: list[int]
+    pending: list[Committed]
+    ar_attend: torch.Tensor
+    n_ar: int = 0
+    records: list[StepRecord] = field(default_factory=list)
+    traces: list[StepTrace] = field(default_factory=list)
 
 
 class SpeculativeEngine:
@@ -236,18 +267,39 @@ class SpeculativeEngine:
         """Generate continuations of ``prompts`` (token id lists) in one batch."""
         check_generate(self, prompts, budget=budget, steps=steps, top_k=top_k, temperature=temperature, stop=stop,
                        seed=seed, buffer=buffer)
+        dev = self.target.device
+        clock = PhaseClock(dev, self.clock)
+        device_sync(dev)
+        start = clock.mark()
+        run = self._prefill(prompts, temperature, stop, seed, clock, capacity=pool_size(steps, top_k) + budget)
+        prefill_end = clock.mark()
+        d_state = self.drafter.begin(run.bsz)
+        p_state = self.predictor.begin(run.bsz) if self.predictor is not None else None
+        floor = self.floor
+        if floor is not None:
+            floor.begin(run.bsz, temperature)
+        while any(run.active):
+            if floor is not None and not floor.speculate():
+                self._ar_step(run)
+            else:
+                self._speculative_step(run, d_state, p_state, budget, steps, top_k, buffer)
+        clock.sync()
+        end = clock.mark()
+        counts_le = self._analyse(run.records, run.traces, clock)
+        return Generation(tokens=run.outputs, steps=run.records, wall_time=clock.seconds(start, end),
+                          prefill_time=clock.seconds(start, prefill_end), expert_counts=counts_le.tolist())
+
+    def _prefill(self, prompts: Sequence[Sequence[int]], temperature: float, stop: StopRule, seed: int,
+                 clock: PhaseClock, capacity: int) -> "_Run":
+        """The prompt in one pass; the first token comes from the target. ``capacity``: KV slots a step may add
+        beyond the prompt and the new tokens (the largest pool plus the budget)."""
         target = self.target
         dev = target.device
         bsz = len(prompts)
         gen = torch.Generator(device=dev).manual_seed(seed)
         feat_layers = self.drafter.feature_layers
-        clock = PhaseClock(dev, self.clock)
-        device_sync(dev)
-        start = clock.mark()
-
-        # ---- prefill: the prompt, one pass; the first token comes from the target
         lens = [len(p) for p in prompts]
-        kv = target.new_kv(bsz, capacity=max(lens) + stop.max_new_tokens + pool_size(steps, top_k) + budget)
+        kv = target.new_kv(bsz, capacity=max(lens) + stop.max_new_tokens + capacity)
         ids, valid = pad_rows(prompts, dev)
         m = ids.shape[1]
         pos = torch.arange(m, device=dev).expand(bsz, m)
@@ -265,130 +317,122 @@ class SpeculativeEngine:
             h = out.hidden  # [B, m, F]; token i's feature is the hidden state at position i - 1
             feats = torch.zeros(bsz, c_ids.shape[1], h.shape[-1], dtype=h.dtype, device=dev)
             feats[:, 1:m + 1] = h
-        # committed blocks the drafter (and predictor) have not absorbed yet: AR steps add one each
         pending = [Committed(c_ids, c_valid, torch.arange(c_ids.shape[1], device=dev).expand_as(c_ids),
                              feats, first=True)]
-        last_tok = list(roots)  # each row's last committed token (the next step's root)
-        prefill_end = clock.mark()
+        return _Run(bsz=bsz, kv=kv, gen=gen, clock=clock, temperature=temperature, stop=stop,
+                    feat_layers=feat_layers, outputs=outputs, active=active, active_t=torch.tensor(active, device=dev),
+                    last_tok=list(roots), pending=pending,
+                    ar_attend=torch.ones(bsz, 1, 1, dtype=torch.bool, device=dev))
 
-        d_state = self.drafter.begin(bsz)
-        p_state = self.predictor.begin(bsz) if self.predictor is not None else None
-        records: list[StepRecord] = []
-        traces: list[StepTrace] = []
-        active_t = torch.tensor(active, device=dev)
-        floor = self.floor
-        n_ar = 0  # AR steps taken (one in floor.observe_every is reported to the selector)
+    def _ar_step(self, run: "_Run") -> None:
+        """One AR step under the floor: each active row's root alone in one target pass, one host read (the next
+        tokens). No drafting, prediction or selection; the tokens wait in ``run.pending``, with the hidden states
+        of this pass as their features, for the next speculative step's drafter and predictor."""
+        target, kv, clock, floor = self.target, run.kv, run.clock, self.floor
+        dev, bsz = target.device, run.bsz
+        rows = [b for b in range(bsz) if run.active[b]]
+        t0 = clock.mark()
+        base, kv_slots = kv.next_position(), kv.num_slots
+        sel_ar = run.active_t[:, None]  # [B, 1] the rows verified in this pass
+        vout = target.forward(torch.tensor(run.last_tok, device=dev)[:, None], kv, base[:, None], run.ar_attend,
+                              sel_ar, hidden_layers=run.feat_layers, capture_routing=True)
+        t4 = clock.mark()
+        new_rows: list[list[int]] = [[] for _ in range(bsz)]
+        for b, tok in zip(rows, next_tokens(vout.logits[:, 0], run.temperature, run.gen, rows)):
+            new_rows[b] = [tok]
+        if len(rows) < bsz:  # finished rows drop the slot of this pass (with every row active: none)
+            kv.keep_last(1, [[0] if run.active[b] else [] for b in range(bsz)])
+        accepted = self._extend(run.outputs, run.active, new_rows, rows, run.stop, run.last_tok)
+        # the new tokens (one per verified row), their feature: the hidden state at the root (zero for finished
+        # rows)
+        h = vout.hidden
+        feats_ar = None if h is None else h[:, :1]
+        if feats_ar is not None and len(rows) < bsz:
+            feats_ar = feats_ar * sel_ar[:, :, None].to(h.dtype)
+        run.pending.append(Committed(torch.tensor([r[:1] or [0] for r in new_rows], device=dev), sel_ar,
+                                     base[:, None] + 1, feats_ar))
+        if not all(run.active[b] for b in rows):
+            run.active_t = torch.tensor(run.active, device=dev)
+        run.n_ar += 1
+        if self.adaptive and run.n_ar % floor.observe_every == 0:
+            self.selector.observe(StepOutcome(
+                rows=bsz, tokens=len(rows), width=1, kv_slots=kv_slots, temperature=run.temperature,
+                experts_per_layer=experts_per_layer(vout.routing, sel_ar, target.num_experts),
+                t_verify=clock.seconds(t0, t4), speculative=False))
+        t5 = clock.mark()
+        floor.observe_ar(len(rows), clock.seconds(t0, t5))
+        run.records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[], speculative=False))
+        run.traces.append(StepTrace(vout.routing, sel_ar, torch.zeros(bsz, 1, dtype=torch.long, device=dev),
+                                    None, sel_ar, kv_slots, (t0, t0, t0, t0, t4, t5)))
+
+    def _speculative_step(self, run: "_Run", d_state: object, p_state: object, budget: int, steps: int,
+                          top_k: int, buffer: torch.Tensor | None) -> None:
+        """Draft -> predict -> select -> verify the selection in one target pass -> accept, prune the caches."""
+        target, kv, clock, floor, temperature = self.target, run.kv, run.clock, self.floor, run.temperature
+        dev, bsz = target.device, run.bsz
+        rows = [b for b in range(bsz) if run.active[b]]
+        t0 = clock.mark()
+        committed = merge_committed(run.pending)
+        tree = self.drafter.draft(d_state, committed, steps, top_k)
+        tree.valid = tree.valid & run.active_t[:, None]
+        t1 = clock.mark()
+        experts = None
+        if self.predictor is not None:
+            self.predictor.observe(p_state, committed)
+            if self.selector.needs_experts:
+                experts = self.predictor.predict(p_state, tree)
+        t2 = clock.mark()
+        plan = None
+        if self.values is not None:
+            tree.value = self.values.values(tree, temperature)
+        if self.adaptive:
+            ctx = SelectionContext(temperature=temperature, kv_slots=kv.num_slots, t_draft=clock.seconds(t0, t1),
+                                   t_pred=clock.seconds(t1, t2), absorbed=committed.tokens.shape[1])
+            plan = self.selector.plan(tree, budget, experts, buffer, ctx)
+            sel = plan.selected & run.active_t[:, None]
+        else:
+            sel = self.selector.select(tree, budget, experts, buffer) & run.active_t[:, None]
+        width, n_verified = self._selection_width(tree, sel, budget)
         if floor is not None:
-            floor.begin(bsz, temperature)
-        ar_attend = torch.ones(bsz, 1, 1, dtype=torch.bool, device=dev)  # an AR step's [B, 1, 1] tree
-        while any(active):
-            rows = [b for b in range(bsz) if active[b]]
-            t0 = clock.mark()
-            if floor is not None and not floor.speculate():
-                # ---- AR step: the roots alone, one target pass; their features feed the drafter later
-                base, kv_slots = kv.next_position(), kv.num_slots
-                sel_ar = active_t[:, None]  # [B, 1] the rows verified in this pass
-                vout = target.forward(torch.tensor(last_tok, device=dev)[:, None], kv, base[:, None], ar_attend,
-                                      sel_ar, hidden_layers=feat_layers, capture_routing=True)
-                t4 = clock.mark()
-                paths = [[0] if active[b] else [] for b in range(bsz)]
-                new_rows: list[list[int]] = [[] for _ in range(bsz)]
-                for b, tok in zip(rows, next_tokens(vout.logits[:, 0], temperature, gen, rows)):
-                    new_rows[b] = [tok]
-                if len(rows) < bsz:  # finished rows drop the slot of this pass (with every row active: none)
-                    kv.keep_last(1, paths)
-                accepted = self._extend(outputs, active, new_rows, rows, stop, last_tok)
-                # the new tokens (one per verified row), their feature: the hidden state at the root (zero for
-                # finished rows)
-                h = vout.hidden
-                feats_ar = None if h is None else h[:, :1]
-                if feats_ar is not None and len(rows) < bsz:
-                    feats_ar = feats_ar * sel_ar[:, :, None].to(h.dtype)
-                pending.append(Committed(torch.tensor([r[:1] or [0] for r in new_rows], device=dev), sel_ar,
-                                         base[:, None] + 1, feats_ar))
-                if not all(active[b] for b in rows):
-                    active_t = torch.tensor(active, device=dev)
-                n_ar += 1
-                if self.adaptive and n_ar % floor.observe_every == 0:
-                    self.selector.observe(StepOutcome(
-                        rows=bsz, tokens=len(rows), width=1, kv_slots=kv_slots, temperature=temperature,
-                        experts_per_layer=experts_per_layer(vout.routing, sel_ar, target.num_experts),
-                        t_verify=clock.seconds(t0, t4), speculative=False))
-                t5 = clock.mark()
-                floor.observe_ar(len(rows), clock.seconds(t0, t5))
-                records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[], speculative=False))
-                traces.append(StepTrace(vout.routing, sel_ar, torch.zeros(bsz, 1, dtype=torch.long, device=dev),
-                                        None, sel_ar, kv_slots, (t0, t0, t0, t0, t4, t5)))
-                continue
-            committed = merge_committed(pending)
-            tree = self.drafter.draft(d_state, committed, steps, top_k)
-            tree.valid = tree.valid & active_t[:, None]
-            t1 = clock.mark()
-            experts = None
-            if self.predictor is not None:
-                self.predictor.observe(p_state, committed)
-                if self.selector.needs_experts:
-                    experts = self.predictor.predict(p_state, tree)
-            t2 = clock.mark()
-            plan = None
-            if self.values is not None:
-                tree.value = self.values.values(tree, temperature)
-            if self.adaptive:
-                ctx = SelectionContext(temperature=temperature, kv_slots=kv.num_slots,
-                                       t_draft=clock.seconds(t0, t1), t_pred=clock.seconds(t1, t2),
-                                       absorbed=committed.tokens.shape[1])
-                plan = self.selector.plan(tree, budget, experts, buffer, ctx)
-                sel = plan.selected & active_t[:, None]
-            else:
-                sel = self.selector.select(tree, budget, experts, buffer) & active_t[:, None]
-            width, n_verified = self._selection_width(tree, sel, budget)
-            if floor is not None:
-                floor.decide(float(plan.expected_tokens.sum()), plan.t_step, len(rows), plan.ar_rate,
-                             provisional=plan.provisional, catch_up=plan.catch_up)
-            t3 = clock.mark()
+            floor.decide(float(plan.expected_tokens.sum()), plan.t_step, len(rows), plan.ar_rate,
+                         provisional=plan.provisional, catch_up=plan.catch_up)
+        t3 = clock.mark()
 
-            # ---- verify the selected nodes in one target pass
-            order = torch.argsort((~sel).to(torch.int8), dim=1, stable=True)[:, :width]
-            order_valid = torch.arange(width, device=dev)[None, :] < sel.sum(dim=1)[:, None]
-            vt = tree.subset(order, order_valid)
-            base = kv.next_position()
-            kv_slots = kv.num_slots
-            vout = target.forward(vt.tokens, kv, base[:, None] + vt.depth, vt.ancestors(), vt.valid,
-                                  hidden_layers=feat_layers, capture_routing=True)
-            t4 = clock.mark()
+        # ---- verify the selected nodes in one target pass
+        order = torch.argsort((~sel).to(torch.int8), dim=1, stable=True)[:, :width]
+        order_valid = torch.arange(width, device=dev)[None, :] < sel.sum(dim=1)[:, None]
+        vt = tree.subset(order, order_valid)
+        base = kv.next_position()
+        kv_slots = kv.num_slots
+        vout = target.forward(vt.tokens, kv, base[:, None] + vt.depth, vt.ancestors(), vt.valid,
+                              hidden_layers=run.feat_layers, capture_routing=True)
+        t4 = clock.mark()
 
-            # ---- accept, prune caches, stop rules
-            acc = self._accept(vt, vout.logits, temperature, gen, rows)
-            paths = [[] for _ in range(bsz)]
-            new_rows = [[] for _ in range(bsz)]
-            for b in rows:
-                paths[b], new_rows[b] = acc[b]
-            accepted = self._extend(outputs, active, new_rows, rows, stop, last_tok)
-            kv.keep_last(width, paths)
-            pending = [self._committed(new_rows, paths, vout.hidden, base, dev)]
-            if self.values is not None:
-                self.values.record(tree, sel, order, paths, temperature)
-            finished = not all(active[b] for b in rows)
-            if finished:
-                active_t = torch.tensor(active, device=dev)
-            if self.adaptive:
-                self.selector.observe(self._outcome(tree, sel, order, vt, vout.routing, paths, kv_slots,
-                                                    n_verified, width, temperature, clock, (t0, t1, t2, t3, t4),
-                                                    committed.tokens.shape[1]))
-            t5 = clock.mark()
-            if floor is not None:
-                floor.observe_upkeep(clock.seconds(t4, t5))
-                # evidence, a fall-back charged; not where a stop rule cut a row's tokens
-                floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows), truncated=finished)
-            records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[]))
-            traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel, kv_slots, (t0, t1, t2, t3, t4, t5)))
-        clock.sync()
-        end = clock.mark()
-        wall = clock.seconds(start, end)
-        prefill_time = clock.seconds(start, prefill_end)
-        counts_le = self._analyse(records, traces, clock)
-        return Generation(tokens=outputs, steps=records, wall_time=wall, prefill_time=prefill_time,
-                          expert_counts=counts_le.tolist())
+        # ---- accept, prune caches, stop rules
+        acc = self._accept(vt, vout.logits, temperature, run.gen, rows)
+        paths: list[list[int]] = [[] for _ in range(bsz)]
+        new_rows: list[list[int]] = [[] for _ in range(bsz)]
+        for b in rows:
+            paths[b], new_rows[b] = acc[b]
+        accepted = self._extend(run.outputs, run.active, new_rows, rows, run.stop, run.last_tok)
+        kv.keep_last(width, paths)
+        run.pending = [self._committed(new_rows, paths, vout.hidden, base, dev)]
+        if self.values is not None:
+            self.values.record(tree, sel, order, paths, temperature)
+        finished = not all(run.active[b] for b in rows)
+        if finished:
+            run.active_t = torch.tensor(run.active, device=dev)
+        if self.adaptive:
+            self.selector.observe(self._outcome(tree, sel, order, vt, vout.routing, paths, kv_slots, n_verified,
+                                                width, temperature, clock, (t0, t1, t2, t3, t4),
+                                                committed.tokens.shape[1]))
+        t5 = clock.mark()
+        if floor is not None:
+            floor.observe_upkeep(clock.seconds(t4, t5))
+            # evidence, a fall-back charged; not where a stop rule cut a row's tokens
+            floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows), truncated=finished)
+        run.records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[]))
+        run.traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel, kv_slots, (t0, t1, t2, t3, t4, t5)))
 
     @staticmethod
     def _extend(outputs: list[list[int]], active: list[bool], new_rows: list[list[int]], rows: Sequence[int],
