@@ -23,14 +23,11 @@ CORE = ROOT / "platform" / "specmoe"
 #: file (relative to platform/specmoe) -> plugin names still quoted there. Each line says why and what removes it.
 PENDING: dict[str, set[str]] = {
     # plugin benchmarks still in core; 24.1 moves each into its plugin's folder (found through an entry-point group)
-    "bench/__init__.py": {"goodput"},  # bench name of the goodput selector's benchmark (24.1)
-    "bench/goodput.py": {"goodput", "confidence", "eagle3", "router_on_embedding"},  # goodput's own bench (24.1)
-    "bench/cost_calibration.py": {"draft_model", "confidence"},  # goodput cost model calibration (24.1)
     "bench/engine.py": {"draft_model", "eagle3", "gto", "ecospec", "router_on_embedding", "hf", "torch_union",
                         "triton_union"},  # engine bench defaults (owned by the decoding/bench engineers)
     "bench/tree.py": {"confidence", "eagle3", "router_on_embedding", "gsm8k"},  # tree bench defaults (not ours)
     "bench/peer.py": {"eagle3", "goodput", "hf", "router_on_embedding"},  # peer-engine bench defaults
-    "bench/expert_latency.py": {"hf"},  # cost calibration's expert timing (24.1, with goodput)
+    "bench/expert_latency.py": {"hf"},  # loads the checkpoint with the hf target (eager experts); 24.2 follow-up
     # defaults of the recipe schema and CLIs: to come from the registry (a registry default, 24.2 follow-up)
     "config/schema.py": {"confidence", "hf"},
     "cli/traces.py": {"hf"},

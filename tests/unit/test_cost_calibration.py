@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``platform bench expert_latency --calibrate`` on a tiny target: the grid, forced unions reaching the real
-experts in the engine's verification call, the fitted model saved as JSON with its errors, the engine check."""
+"""``platform bench goodput_cost`` (was ``expert_latency --calibrate``) on a tiny target: the grid, forced unions
+reaching the real experts in the engine's verification call, the fitted model saved as JSON with its errors, the
+engine check; the ``calibrate_cost`` stage."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import argparse
 
 import pytest
 
-from specmoe.bench import cost_calibration, expert_latency
-from specmoe.decoding.cost_model import CostModel
+from specmoe.bench import expert_latency
+from specmoe.cli.main import main
 from specmoe.errors import UserError
+from specmoe_plugins.selectors.goodput import calibration as cost_calibration
+from specmoe_plugins.selectors.goodput import cost_bench
+from specmoe_plugins.selectors.goodput.cost_model import CostModel
 
 
 def test_grid_spans_the_unions():
@@ -41,18 +45,18 @@ def test_calibration_forces_the_unions(make_target):
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    expert_latency.add_arguments(parser)
+    cost_bench.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
 def test_calibrate_cli_saves_a_cost_model(make_target, tmp_path, capsys):
+    """Through the CLI: ``platform bench goodput_cost`` is the plugin's entry point in ``specmoe.benches``."""
     target = make_target("gpt_oss")
     out = tmp_path / "stage"
-    rc = expert_latency.run(_args("--target", target.path, "--calibrate", "--gammas", "1,4", "--batches", "1,2",
-                                  "--contexts", "8,24", "--unions-per-t", "2", "--iters", "2", "--warmup", "0",
-                                  "--clock", "thread", "--check-steps", "2", "--save", str(out), "--threads", "1",
-                                  "--features", "fixed,tokens,expert_layers,kv_slots",
-                                  "--features", "fixed,tokens,expert_layers"))
+    rc = main(["bench", "goodput_cost", "--target", target.path, "--gammas", "1,4", "--batches", "1,2",
+               "--contexts", "8,24", "--unions-per-t", "2", "--iters", "2", "--warmup", "0",
+               "--clock", "thread", "--check-steps", "2", "--save", str(out), "--threads", "1",
+               "--features", "fixed,tokens,expert_layers,kv_slots", "--features", "fixed,tokens,expert_layers"])
     assert rc == 0
     text = capsys.readouterr().out
     assert text.count("T_verify = ") == 2 and text.count("held-out calls") == 2 and "engine, online" in text
@@ -72,8 +76,14 @@ def test_calibrate_cli_rejects_bad_features(make_target, tmp_path):
 
     target = make_target("gpt_oss")
     with pytest.raises(UserError, match="--features"):
-        expert_latency.run(_args("--target", target.path, "--calibrate", "--features", "fixed,flops",
-                                 "--save", str(tmp_path)))
+        cost_bench.run(_args("--target", target.path, "--features", "fixed,flops", "--save", str(tmp_path)))
+
+
+def test_expert_latency_calibrate_names_its_new_place(tmp_path):
+    parser = argparse.ArgumentParser()
+    expert_latency.add_arguments(parser)
+    with pytest.raises(UserError, match="--calibrate moved: .*'platform bench goodput_cost --target DIR'"):
+        expert_latency.run(parser.parse_args(["--target", str(tmp_path), "--calibrate"]))
 
 
 def test_calibrate_cost_stage_writes_a_loadable_model_keyed_by_the_machine(tiny_cache, tmp_path):

@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from specmoe.decoding.cost_model import CostModel, VerifyShape, huber_fit, relative_errors
 from specmoe.errors import UserError
+from specmoe_plugins.selectors.goodput.cost_model import CostModel, VerifyShape, huber_fit, relative_errors
 
 TRUE = {"fixed": 2e-3, "tokens": 4e-4, "expert_layers": 5e-5, "kv_slots": 1e-6}
 

@@ -47,7 +47,7 @@ def test_bench_engine_reports_everything(make_target, capsys):
 
 
 def test_bench_goodput_reports_everything(make_target):
-    from specmoe.bench import goodput
+    from specmoe_plugins.selectors.goodput import bench as goodput
 
     target = make_target("gpt_oss")
     p = argparse.ArgumentParser()

@@ -13,11 +13,11 @@ from fixtures import reference_selection as ref
 from fixtures.random_trees import random_sets, random_tree
 from fixtures.selector_loops import force_loop
 
-from specmoe.decoding.cost_model import CostModel, VerifyShape
 from specmoe.errors import UserError
 from specmoe.interfaces.selection import SelectionContext, StepOutcome
 from specmoe.interfaces.tree import is_ancestor_closed
 from specmoe.registry import selectors
+from specmoe_plugins.selectors.goodput.cost_model import CostModel, VerifyShape
 
 COEF = {"fixed": 4e-3, "tokens": 3e-4, "expert_layers": 6e-5, "kv_slots": 1e-6}
 
@@ -26,7 +26,7 @@ def make(**kw):
     return selectors.get("goodput")(coefficients=kw.pop("coefficients", COEF), **kw)
 
 
-GOODPUT = "specmoe_plugins.selectors.goodput"
+GOODPUT = "specmoe_plugins.selectors.goodput.selector"
 
 
 @pytest.mark.parametrize("loop", ["packed", "scalar"])

@@ -241,6 +241,12 @@ MOVED_INTO_PLUGINS = {
     "specmoe.training.router_balance": ("specmoe_plugins.targets.tiny.router_balance",
                                         ["RouterCollapseError", "ExpertCounter", "BiasBalancer", "router_losses",
                                          "router_bias", "balance_stats", "check_router_collapse", "moe_layer_ids"]),
+    "specmoe.decoding.cost_model": ("specmoe_plugins.selectors.goodput.cost_model",
+                                    ["FEATURES", "DEFAULT_FEATURES", "VerifyShape", "CostModel", "huber_fit",
+                                     "relative_errors"]),
+    "specmoe.bench.cost_calibration": ("specmoe_plugins.selectors.goodput.calibration",
+                                       ["grid", "calibrate", "shape_of", "fit_split", "engine_check"]),
+    "specmoe.bench.goodput": ("specmoe_plugins.selectors.goodput.bench", ["add_arguments", "run", "measure"]),
 }
 
 

@@ -12,7 +12,6 @@ BENCHES = {
     "verifier": "specmoe.bench.verifier",
     "expert_latency": "specmoe.bench.expert_latency",
     "selector": "specmoe.bench.selector",
-    "goodput": "specmoe.bench.goodput",
     "tree": "specmoe.bench.tree",
     "peer": "specmoe.bench.peer",
 }

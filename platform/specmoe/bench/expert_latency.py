@@ -10,10 +10,11 @@ random set ``S`` per call (rows stay distinct; experts get equal loads).
 ``--mode experts`` (default) calls every layer's experts module directly with the forced ``top_k_index``;
 ``--mode model`` runs the target's verification forward (``Target.forward``: the engine's 4D-mask call,
 attention over a ``--context`` prefix in the KV cache, rolled back after each call; routers overridden by
-forward hooks). ``--calibrate`` fits and saves the step cost model instead (see
-:mod:`specmoe.bench.cost_calibration`). The ``u`` values are interleaved in a new random order every round, so machine
-load drifts hit all of them alike. Prints median latency per ``u`` and a least-squares line
-``ms = intercept + slope * u``; ``slope / L`` is the cost of one more expert in one layer.
+forward hooks). The ``u`` values are interleaved in a new random order every round, so machine load drifts hit
+all of them alike (the goodput selector's cost-model calibration, which was ``--calibrate``, is ``platform bench
+goodput_cost`` in the selector's folder; it reuses :func:`forced_routing` and :func:`override_routers`). Prints
+median latency per ``u`` and a least-squares line ``ms = intercept + slope * u``; ``slope / L`` is the cost of one
+more expert in one layer.
 """
 
 from __future__ import annotations
@@ -45,24 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (CPU); default: torch's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the results to this file")
-    cal = parser.add_argument_group("cost-model calibration (--calibrate; see specmoe.bench.cost_calibration)")
-    cal.add_argument("--calibrate", action="store_true",
-                     help="sweep rows x context x tokens x unions through the model and save a fitted cost model")
-    cal.add_argument("--gammas", default="1,2,4,8", help="tokens per row")
-    cal.add_argument("--batches", default="1,2,4", help="rows per call")
-    cal.add_argument("--contexts", default="64,256,512", help="cached tokens per row")
-    cal.add_argument("--unions-per-t", type=int, default=3, help="union sizes per token count")
-    cal.add_argument("--features", action="append", default=None,
-                     help="comma-separated cost-model features (specmoe.decoding.cost_model.FEATURES); repeat "
-                          "to compare sets on the same calls (the first is saved); default: "
-                          "fixed,tokens,expert_layers,kv_slots")
-    cal.add_argument("--holdout", type=float, default=0.25, help="fraction of calls held out of the fit")
-    cal.add_argument("--clock", choices=("wall", "thread"), default="wall",
-                     help="wall clock (what the engine measures) or this thread's CPU time (shared CPU machines)")
-    cal.add_argument("--save", default=None,
-                     help="cost model JSON file or directory (default: cost_model.json beside a local --target)")
-    cal.add_argument("--check-steps", type=int, default=0,
-                     help="then run this many speculative generations and report the error on their steps")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="moved: the goodput cost model is calibrated by 'platform bench goodput_cost'")
 
 
 def forced_routing(tokens: int, top_k: int, union: int, num_experts: int, gen: Any):
@@ -163,15 +148,14 @@ def run(args: argparse.Namespace) -> int:
     from specmoe.errors import UserError
     from specmoe.registry import targets
 
+    if args.calibrate:
+        raise UserError("--calibrate moved: the goodput cost model is calibrated by 'platform bench goodput_cost "
+                        "--target DIR' (the same options; see 'platform bench goodput_cost --help')")
     if args.threads:
         torch.set_num_threads(args.threads)
     target = targets.get("hf")(path=args.target, device=args.device, dtype=args.dtype,
                                attn_implementation="eager")
     target.set_experts_implementation("eager")
-    if args.calibrate:
-        from specmoe.bench import cost_calibration
-
-        return cost_calibration.run(args, target)
     k, n_exp, n_layers = target.top_k, target.num_experts, len(target.moe_layer_ids)
     n_tok = args.gamma * args.batch
     top = min(n_exp, n_tok * k)

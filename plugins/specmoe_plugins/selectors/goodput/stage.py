@@ -2,8 +2,8 @@
 """``calibrate_cost``: the goodput selector's offline cost model, measured on the target and this machine.
 
 Times the target's verification call with forced routing over a grid of batch rows x cached context x tokens
-per row x expert-union sizes (:mod:`specmoe.bench.cost_calibration`, the code of ``platform bench
-expert_latency --calibrate``), fits :class:`~specmoe.decoding.cost_model.CostModel` on part of the calls and
+per row x expert-union sizes (:mod:`.calibration`, the code of ``platform bench goodput_cost``), fits
+:class:`~.cost_model.CostModel` on part of the calls and
 reports its error on the rest; writes ``cost_model.json`` (a goodput selector's ``cost_model:
 "stage:<id>/cost_model.json"``). Its result is a measurement of this machine: the CPU / GPU model, torch's thread
 count and the target's device and dtype are part of the cache key, so another machine measures its own.
@@ -60,9 +60,9 @@ class CalibrateCost(Stage):
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         import datetime
 
-        from specmoe.bench.cost_calibration import calibrate, fit_split, grid
-        from specmoe.decoding.cost_model import FEATURES
         from specmoe.stages.options import build_target
+        from specmoe_plugins.selectors.goodput.calibration import calibrate, fit_split, grid
+        from specmoe_plugins.selectors.goodput.cost_model import FEATURES
 
         cfg = self.config
         bad = [f for f in cfg.features if f not in FEATURES]

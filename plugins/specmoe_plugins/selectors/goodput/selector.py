@@ -1,0 +1,278 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``goodput``: verify the nodes that maximise expected tokens per second, pricing the expert union.
+
+Per step, over the whole batch at once, choose ancestor-closed sets S_r (root included, 1 <= |S_r| <= gamma_max)
+maximising
+
+    rate(S) = sum_r (1 + sum_{i in S_r \\ root} a_i) / (T_draft + T_pred + T_select + T_verify(shape(S)))
+
+where ``a_i`` is the probability that node i's whole path is accepted (:class:`AcceptanceModel`) and
+``T_verify`` the cost model's seconds for the pass (:class:`CostModel`): verified tokens, the predicted expert
+union of all rows (sum over MoE layers), cached KV slots. Greedy, like EcoSpec with the cost in seconds: the
+expert buffer starts as the roots' predicted experts (plus an initial buffer, whose experts are free), each
+pick is the frontier node giving the highest rate once added (its marginal cost is one token plus
+``|path experts \\ buffer|`` expert-layers), and the selection stops when the best next node would lower the
+rate (``stop: drop``) or, with ``stop: best_prefix``, runs to gamma_max and keeps the best prefix.
+
+``expert_cost: false`` is the token-only ablation (EVICT / vLLM): no predictor, each extra token costs what a
+token costs with the expected union growth of a pass of that many tokens (observed, else random routing).
+
+The greedy runs over packed words (:func:`~specmoe.decoding.selection.greedy_packed`, one joint decision for
+the batch); at batch 1 a small pool takes the same greedy in plain Python
+(:func:`~specmoe.decoding.selection.greedy_scalar`, cheaper where the caches are cold, as inside a step), with
+the same float64 arithmetic, so the same selection.
+
+The engine feeds measured T_draft / T_pred through :class:`SelectionContext` and outcomes through
+:meth:`observe` (online refits), and takes plain AR steps while the plan's expected rate is below the measured
+AR rate (``ar_floor``, :mod:`specmoe.decoding.ar_floor`). Until the first refits the models are the prior:
+``cost_model`` (a JSON from ``platform bench goodput_cost`` or the ``calibrate_cost`` stage), ``coefficients``
+(seconds per unit, over the JSON or instead of it), else :data:`UNCALIBRATED`; acceptance ``a = P(path)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from specmoe.decoding.acceptance_model import AcceptanceModel
+from specmoe.decoding.bitsets import pack_sets, popcount_rows
+from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar
+from specmoe.errors import UserError
+from specmoe.interfaces.selection import AdaptiveSelector, FloorOptions, SelectionContext, SelectionPlan, StepOutcome
+from specmoe.interfaces.tree import DraftTree
+from specmoe_plugins.selectors.goodput.cost_model import CostModel, VerifyShape
+from specmoe_plugins.selectors.goodput.plan import Pricing
+
+__all__ = ["GoodputSelector", "UNCALIBRATED"]
+
+#: prior seconds per unit without a calibration (orders of magnitude of the tiny CPU demo target)
+UNCALIBRATED = {"fixed": 5e-3, "tokens": 5e-4, "expert_layers": 5e-5, "kv_slots": 1e-6}
+
+
+class GoodputSelector(AdaptiveSelector):
+    """Greedy expected-tokens-per-second selection with an expert-union-aware cost model."""
+
+    description = "goodput: max expected tokens/s, cost = T_draft + T_pred + T_select + T_verify(tokens, experts)"
+
+    @dataclass
+    class Config:
+        gamma_max: Optional[int] = None
+        """cap on verified nodes per row, root included (default: the engine's budget)."""
+        expert_cost: bool = True
+        """price the predicted expert union; false: token-only ablation (needs no predictor)."""
+        cost_model: Optional[str] = None
+        """cost model JSON (``platform bench goodput_cost``, or the ``calibrate_cost`` stage's)."""
+        coefficients: Optional[dict] = None
+        """seconds per unit of cost features (``fixed``, ``tokens``, ``expert_layers``, ``kv_slots``, ...)."""
+        online: bool = True
+        """refit the cost and acceptance models from :meth:`observe`."""
+        stop: str = "drop"
+        """``drop``: stop when the next node lowers the rate; ``best_prefix``: best prefix of the greedy order."""
+        cost_window: int = 256
+        cost_prior_weight: float = 1.0e-3
+        """pull of the online cost fit towards the prior coefficients (the calibration), in observations' worth
+        (see :class:`~.cost_model.CostModel`). Small by default: the window decides. As large as
+        ``cost_window``, a calibration keeps the price of pass shapes the window has not seen (larger passes
+        than the run has verified), but in the tiny demo's grid it also kept the calibration's level, 10-20 %
+        off the engine's own passes (held-out error 8-16 % instead of 2-9 %; AR on 89-100 % of the T = 0
+        steps)."""
+        acceptance_window: int = 4096
+        ar_floor: bool = True
+        """ask the engine for an AR floor: plain AR steps while the expected rate is below the measured AR rate."""
+        floor_margin: float = 1.0
+        """speculate while expected rate >= floor_margin x AR rate (a huge value forces the probe schedule)."""
+        probe_after: int = 4
+        """AR steps after the first fall-back before speculation is probed again (doubling per failed probe)."""
+        probe_max: int = 64
+        """cap of the doubling back-off between probes, in steps."""
+        explore: bool = False
+        """verify at least each row's likeliest child of the root (when gamma_max >= 2): one token of
+        exploration, so the acceptance model keeps seeing outcomes while the rate says drafts do not pay
+        (otherwise an under-confident draft is never verified and never found to be good). The plan's rate
+        and the AR floor's decision remain those of the greedy choice."""
+        floor_tolerance: float = 0.01
+        """share of the decoding time failed probes may cost: a failed probe is followed by at least
+        ``loss / floor_tolerance`` AR steps (0: the back-off alone)."""
+
+    def __init__(self, config=None, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        cfg = self.config
+        if cfg.stop not in ("drop", "best_prefix"):
+            raise UserError(f"selector goodput: stop must be 'drop' or 'best_prefix', got {cfg.stop!r}")
+        if not 1 <= cfg.probe_after <= cfg.probe_max:
+            raise UserError(f"selector goodput: need 1 <= probe_after <= probe_max, got probe_after="
+                            f"{cfg.probe_after}, probe_max={cfg.probe_max}")
+        self.ar_floor = (FloorOptions(cfg.floor_margin, cfg.probe_after, cfg.probe_max, cfg.floor_tolerance)
+                         if cfg.ar_floor else None)
+        d = CostModel.load(cfg.cost_model).to_dict() if cfg.cost_model else {
+            **CostModel().to_dict(), "coef": {} if cfg.coefficients is not None else dict(UNCALIBRATED)}
+        d["coef"].update(cfg.coefficients or {})
+        d["features"] = list(dict.fromkeys([*d["features"], *d["coef"]]))
+        try:
+            self.cost = CostModel.from_dict(d, window=cfg.cost_window, prior_weight=cfg.cost_prior_weight)
+        except ValueError as exc:
+            raise UserError(f"selector goodput, coefficients: {exc}") from exc
+        self.acceptance = AcceptanceModel(window=cfg.acceptance_window)
+        self.needs_experts = cfg.expert_cost
+        self._unions: dict[int, deque[float]] = {}  # tokens per pass -> observed expert-layers
+        self._last_select = 0.0
+        self._absorbed: deque[int] = deque(maxlen=64)  # longest accepted path per speculative step
+
+    # ---------------------------------------------------------------- pricing helpers
+    def expected_expert_layers(self, tokens: int) -> float:
+        """Expected expert-layers of a pass of ``tokens`` tokens: observed mean, else random top-k routing
+        over the cost model's ``layers`` / ``experts`` / ``top_k`` (0 when those are unknown)."""
+        seen = self._unions.get(tokens)
+        if seen:
+            return float(np.mean(seen))
+        meta = self.cost.meta
+        if not all(k in meta for k in ("layers", "experts", "top_k")):
+            return 0.0
+        e, k = float(meta["experts"]), float(meta["top_k"])
+        return float(meta["layers"]) * e * (1.0 - (1.0 - k / e) ** tokens)
+
+    def calibration(self) -> dict:
+        """Cost coefficients, window (in-sample) and held-out errors and the window's (predicted, measured)
+        T_verify pairs; acceptance weights and calibration (Brier, ECE) per temperature."""
+        acc = {str(t): {"weights": self.acceptance.weights_for(t).tolist(), **self.acceptance.calibration(t)}
+               for t in self.acceptance.temperatures()}
+        pred, meas = self.cost.window_pairs()
+        return {"cost": {"coef": self.cost.coefficients(), **self.cost.window_errors(),
+                         "heldout": self.cost.heldout_errors(), "predicted": pred, "measured": meas},
+                "acceptance": acc}
+
+    def steady_absorbed(self) -> int:
+        """Committed tokens per row a step of a speculative stretch absorbs: the median, over recent steps, of
+        the longest accepted path (+ bonus) of the step before (2 before any was seen)."""
+        return int(np.median(self._absorbed)) if self._absorbed else 2
+
+    def _fixed_seconds(self, ctx: SelectionContext, rows: int) -> tuple[float, bool, float]:
+        """``T_draft + T_pred + T_select`` of a step of a speculative stretch, whether that is provisional, and
+        the measured seconds it left out (the catch-up).
+
+        A step that first absorbed more committed tokens than a speculative stretch does (the prompt, or the
+        tokens of AR steps) measured a catch-up that the steps to come will not pay: its seconds are replaced
+        by the cost model's ``a + b * absorbed`` at the stretch's width when that fit exists; else the measured
+        seconds are used and the price is provisional (an AR floor does not decide on it)."""
+        cm, steady = self.cost, self.steady_absorbed()
+        total, provisional, catch_up = cm.predict_part("t_select", rows), False, 0.0
+        for part, measured in (("t_draft", ctx.t_draft), ("t_pred", ctx.t_pred)):
+            if measured is None:
+                total += cm.predict_part(part, rows, absorbed=steady)
+                continue
+            if ctx.absorbed is not None and ctx.absorbed > steady and measured > 0:
+                fit = cm.part_at(part, rows, steady)
+                if fit is None:
+                    provisional = True
+                elif fit < measured:
+                    catch_up += measured - fit
+                    measured = fit
+            total += measured
+        return total, provisional, catch_up
+
+    # ---------------------------------------------------------------- selection
+    def plan(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
+             buffer: torch.Tensor | None = None, context: SelectionContext | None = None) -> SelectionPlan:
+        t_start = time.perf_counter()
+        cfg = self.config
+        ctx = context or SelectionContext()
+        if cfg.expert_cost and experts is None:
+            raise ValueError("goodput needs predicted expert sets (or expert_cost: false)")
+        gmax = min(budget, cfg.gamma_max) if cfg.gamma_max else budget
+        b, n = tree.tokens.shape
+        parents, valid = tree.parents.detach().cpu().numpy(), tree.valid.detach().cpu().numpy()
+        live = valid[:, 0]
+        n_live = int(live.sum())
+        if n_live == 0:
+            self.last_plan = SelectionPlan(torch.zeros(b, n, dtype=torch.bool, device=tree.tokens.device),
+                                           torch.zeros(b, dtype=torch.float64), 0.0, 0.0, 0.0, 0.0)
+            return self.last_plan
+        sets = experts if cfg.expert_cost else None
+        # batch 1: the joint greedy is the per-row one, and a small pool is cheaper in plain Python
+        scalar = (ScalarPool.build(tree, sets, parents=parents, valid=valid) if b == 1 and n <= SCALAR_POOL
+                  else None)
+        pool = PackedPool.build(tree, sets) if scalar is None else None
+        acc = self.acceptance.predict_paths(tree.path_logp.detach().cpu().numpy(), parents,
+                                            tree.depth.detach().cpu().numpy(), ctx.temperature).reshape(-1)
+        b0, e0 = self._roots_experts(experts, buffer, scalar, pool, live, n_live)
+        t_fixed, provisional, catch_up = self._fixed_seconds(ctx, b)
+        t_ar = self.cost.predict_verify(VerifyShape(tokens=n_live, expert_layers=e0, rows=b, width=1,
+                                                    kv_slots=ctx.kv_slots))
+        price = Pricing(self.cost, live.astype(np.int64), n, kv_slots=ctx.kv_slots, t_fixed=t_fixed, t_ar=t_ar,
+                        e0=e0, union_growth=None if cfg.expert_cost else self.expected_expert_layers,
+                        stop_drop=cfg.stop == "drop")
+        if scalar is not None:
+            acc_row = acc.tolist()
+            sel = greedy_scalar(scalar, gmax, lambda r, i, new: price.rate(acc_row[r * n + i], r, new),
+                                buffer=0 if b0 is None else int.from_bytes(b0.tobytes(), "little"),
+                                take=lambda f, new: price.take(f, acc_row[f], new), shape=(b, n))
+        else:
+            sel = greedy_packed(pool, gmax, lambda idx, new: price.rate(acc[idx], idx // n, new), buffer=b0,
+                                shared=True, joint=True, take=lambda f, new: price.take(f, acc[f], new))
+        if cfg.stop == "best_prefix":
+            rate, t_verify = price.best_prefix(sel, n_live, t_ar)
+        else:
+            rate, t_verify = price.a / price.t, price.t - t_fixed
+        if cfg.explore and gmax >= 2:
+            self._explore(sel, parents, valid, live, acc)
+        flat = sel.reshape(-1).copy()
+        flat[np.arange(b) * n] = False
+        exp_tokens = live + np.bincount(np.flatnonzero(flat) // n, acc[flat], minlength=b)
+        self._last_select = time.perf_counter() - t_start
+        self.last_plan = SelectionPlan(
+            selected=torch.from_numpy(sel).to(tree.tokens.device), expected_tokens=torch.from_numpy(exp_tokens),
+            t_verify=float(t_verify), t_step=float(t_fixed + t_verify), expected_rate=float(rate),
+            ar_rate=n_live / t_ar if t_ar > 0 else float("inf"), provisional=provisional, catch_up=catch_up)
+        return self.last_plan
+
+    def _roots_experts(self, experts: torch.Tensor | None, buffer: torch.Tensor | None,
+                       scalar: ScalarPool | None, pool: PackedPool | None, live: np.ndarray,
+                       n_live: int) -> tuple[np.ndarray | None, float]:
+        """The packed initial buffer (``None``: none) and the expert-layers of the roots' pass beyond it
+        (token-only: the expected union of ``n_live`` tokens)."""
+        if not self.config.expert_cost:
+            return None, self.expected_expert_layers(n_live)
+        b0 = pack_sets(buffer.reshape(experts.shape[-2:])) if buffer is not None else None
+        if scalar is not None:
+            b0_bits = 0 if b0 is None else int.from_bytes(b0.tobytes(), "little")
+            return b0, float((scalar.paths[0][0] & ~b0_bits).bit_count())
+        roots = np.bitwise_or.reduce(pool.paths[live, 0], axis=0)
+        return b0, float(popcount_rows(roots & ~b0) if b0 is not None else popcount_rows(roots))
+
+    @staticmethod
+    def _explore(sel: np.ndarray, parents: np.ndarray, valid: np.ndarray, live: np.ndarray,
+                 acc: np.ndarray) -> None:
+        """``explore``: a live row that verifies its root alone also verifies its likeliest child (in place)."""
+        kids = (parents == 0) & valid  # [B, N] depth-1 nodes
+        lone = live & (sel.sum(axis=1) == 1) & kids.any(axis=1)
+        if lone.any():
+            best = np.where(kids, acc.reshape(sel.shape), -1.0).argmax(axis=1)
+            sel[np.flatnonzero(lone), best[lone]] = True
+
+    # ---------------------------------------------------------------- feedback
+    def observe(self, outcome: StepOutcome) -> None:
+        if not self.config.online:
+            return
+        el = float(sum(outcome.experts_per_layer))
+        self.cost.observe_verify(VerifyShape(tokens=outcome.tokens, expert_layers=el, rows=outcome.rows,
+                                             width=outcome.width, kv_slots=outcome.kv_slots), outcome.t_verify)
+        self._unions.setdefault(outcome.tokens, deque(maxlen=self.config.cost_window)).append(el)
+        if not outcome.speculative:
+            return
+        t_select = outcome.t_select if outcome.t_select is not None else self._last_select
+        self.cost.observe_parts(outcome.rows, t_draft=outcome.t_draft, t_pred=outcome.t_pred,
+                                absorbed=outcome.absorbed)
+        self.cost.observe_parts(outcome.rows, t_select=t_select)
+        if outcome.accepted is not None:
+            self._absorbed.append(int(outcome.accepted.sum(dim=1).max()))
+        if outcome.tree is not None and outcome.selected is not None and outcome.accepted is not None:
+            tree = outcome.tree
+            self.acceptance.observe_paths(tree.path_logp.detach().cpu().numpy(), tree.parents.detach().cpu().numpy(),
+                                          tree.depth.detach().cpu().numpy(),
+                                          (outcome.selected & tree.valid).detach().cpu().numpy(),
+                                          outcome.accepted.detach().cpu().numpy(), outcome.temperature)
