@@ -189,3 +189,30 @@ def test_a_bad_policy_file_is_one_message(served, tmp_path):
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2
     assert "missing.json does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_peer_rows_for_the_plugin(served, tmp_path):
+    """``platform bench peer --engines vllm --token-table ... --batches 1,4``: the policy exported per pass
+    (cost refitted on the pass's fixed runs), the plugin's rows next to the fixed draft counts in every cell
+    (one variant and one draft here, to keep the test short)."""
+    import argparse
+
+    from specmoe.bench import peer
+
+    _, root = served
+    p = argparse.ArgumentParser()
+    peer.add_arguments(p)
+    args = p.parse_args([
+        "--target", str(root / "target"), "--drafter-path", str(root / "draft"), "--engines", "vllm",
+        "--random-prompts", "8", "--prompts", "4", "--new-tokens", "12", "--max-drafts", "1",
+        "--plugin-variants", "plugin", "--passes", "1", "--batches", "1,4", "--token-table", str(root / "token_table"),
+        "--cost-model", str(root / "cost_model.json"), "--vllm-python", VLLM_PYTHON, "--no-tracking",
+        "--json", str(tmp_path / "peer.json")])
+    assert peer.run(args) == 0
+    rows = json.loads((tmp_path / "peer.json").read_text())["rows"]
+    for sfx in ("", "/b4_T0"):
+        m = rows[f"vllm/plugin{sfx}"]
+        assert m["agreement"] == 1.0 and m["plugin"]["budget_violations"] == 0, sfx
+        assert m["vs_best_fixed"] > 0 and m["gamma"] == 2
+        assert {f"vllm/no_spec{sfx}", f"vllm/eagle3_chain1{sfx}"} <= set(rows)
+    assert not any("plugin_tokens" in n for n in rows)

@@ -12,6 +12,16 @@ rendered to token ids by specmoe's tokenizer and given to vLLM as ids), greedy, 
   (:func:`specmoe.bench.tree.measure`), and ``goodput`` (γ_max the largest tree's budget, the online cost model
   from its uncalibrated prior, as ``platform bench goodput`` builds it without a cost model).
 
+**The vLLM plugin** (``plugins/specmoe_vllm``, installed into vLLM's environment by ``docker/vllm_env.sh``):
+with ``--plugin-policy FILE`` (a policy file, ``platform peer export-policy``) or ``--token-table DIR`` (a
+``build_token_table`` stage; optionally ``--cost-model`` from ``calibrate_cost``: the bench then writes the
+policy after each pass's fixed runs, its cost refitted on vLLM's own fixed-draft-count steps), vLLM runs EAGLE-3
+with up to ``--max-drafts`` drafts under ``SpecMoEScheduler`` (rows ``vllm/plugin``, and ``vllm/plugin_tokens``:
+the token-only variant), next to its fixed draft counts. ``--batches`` and ``--temperatures`` add cells (rows
+``<name>/b<B>_T<T>``; batch 1, T = 0 keeps the plain names) for vLLM; specmoe's rows are batch 1, T = 0. Per
+plugin row: the ratio to the best fixed configuration of its cell (no speculation or 1..n drafts) and the budget
+check (vLLM's per-request verified drafts against the plugin's choices; 0 violations expected).
+
 Rows are aligned by verified tokens per step γ (vLLM's ``num_speculative_tokens`` n = specmoe's γ - 1). Per row:
 tokens/s (wall clock, batch 1, prefill included, as vLLM's runner measures), tokens per step (bonus included),
 per-position acceptance (share of speculative steps that accepted at least d drafts; vLLM's
@@ -63,6 +73,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="specmoe trees, name=budget/steps/top_k[/frontier] (bench tree's --shapes); '' for none")
     p.add_argument("--selectors", default="confidence,ecospec", help="tree selectors, each raw and calibrated")
     p.add_argument("--goodput", default="{}", help="goodput selector options as JSON ('' to leave goodput out)")
+    p.add_argument("--plugin-policy", default=None, help="the vLLM plugin's policy file (platform peer export-policy)")
+    p.add_argument("--token-table", default=None,
+                   help="build_token_table stage directory: the bench exports the plugin's policy per pass")
+    p.add_argument("--cost-model", default=None, help="calibrate_cost's cost_model.json for that policy (optional)")
+    p.add_argument("--plugin-variants", default="plugin,plugin_tokens",
+                   help="plugin rows: plugin (expert-aware) and/or plugin_tokens (token-only)")
+    p.add_argument("--batches", default="1", help="vLLM batch sizes (requests per generate call), e.g. 1,4,8")
+    p.add_argument("--temperatures", default="0", help="vLLM sampling temperatures, e.g. 0,1")
     p.add_argument("--predictor", default="router_on_embedding", help="expert predictor of ecospec / goodput")
     p.add_argument("--predictor-path", default=None)
     _prompt_arguments(p)
@@ -162,9 +180,38 @@ def _check_args(args: argparse.Namespace) -> list[str]:
         raise UserError("bench peer: give --drafter-path (an EAGLE-3 export both engines read: the demo's "
                         ".specmoe_cache/stages/train_eagle3-*, rewritten if it is old-format)")
     check_draft(args.drafter_path)
+    _cells(args)
+    variants = [v.strip() for v in args.plugin_variants.split(",") if v.strip()]
+    if any(v not in ("plugin", "plugin_tokens") for v in variants):
+        raise UserError(f"bench peer: --plugin-variants {args.plugin_variants!r}: give plugin and/or plugin_tokens")
+    if args.plugin_policy and not Path(args.plugin_policy).is_file():
+        raise UserError(f"bench peer: --plugin-policy {args.plugin_policy} does not exist; write one with "
+                        f"platform peer export-policy")
+    if (args.plugin_policy or args.token_table) and "vllm" not in engines:
+        raise UserError("bench peer: the plugin rows run in vLLM: add vllm to --engines")
     if "vllm" in engines:
         args.vllm_python = _vllm_python(args)
     return engines
+
+
+def _cells(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """vLLM's (batch, temperature) cells from --batches x --temperatures."""
+    from specmoe.errors import UserError
+
+    try:
+        batches = [int(b) for b in str(args.batches).split(",") if b.strip()]
+        temps = [float(t) for t in str(args.temperatures).split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"bench peer: --batches {args.batches!r} / --temperatures {args.temperatures!r}: give "
+                        f"comma-separated numbers, e.g. --batches 1,4,8 --temperatures 0,1") from None
+    if not batches or not temps or min(batches) < 1 or min(temps) < 0:
+        raise UserError(f"bench peer: --batches must be >= 1 and --temperatures >= 0 (got {args.batches!r}, "
+                        f"{args.temperatures!r})")
+    return [{"batch": b, "temperature": t} for t in temps for b in batches]
+
+
+def _suffix(batch: int, temperature: float) -> str:
+    return "" if (batch, temperature) == (1, 0.0) else f"/b{batch}_T{temperature:g}"
 
 
 # ------------------------------------------------------------------ the two engines
@@ -183,13 +230,15 @@ def agreement(outputs: list[list[int]], reference: list[list[int]], eos: set[int
     return same / max(len(reference), 1)
 
 
-def run_vllm(args: argparse.Namespace, prompts: list[list[int]], workdir: Path, tag: str) -> dict[str, Any]:
-    """One pass of vLLM (every config on every prompt) in its own environment; the runner's JSON."""
+def run_vllm(args: argparse.Namespace, prompts: list[list[int]], workdir: Path, tag: str,
+             configs: list[Any] | None = None) -> dict[str, Any]:
+    """One pass of vLLM (every config on every prompt and cell) in its own environment; the runner's JSON."""
     from specmoe.errors import UserError
 
     req = {"target": str(Path(args.target).resolve()), "draft": str(Path(args.drafter_path).resolve()),
-           "prompts": prompts, "max_new_tokens": args.new_tokens, "configs": list(range(args.max_drafts + 1)),
-           "dtype": args.dtype, "repeats": 1, "warmup": 1, "ignore_eos": False}
+           "prompts": prompts, "max_new_tokens": args.new_tokens,
+           "configs": configs if configs is not None else list(range(args.max_drafts + 1)),
+           "cells": _cells(args), "dtype": args.dtype, "repeats": 1, "warmup": 1, "ignore_eos": False}
     rq, out = workdir / f"vllm_request_{tag}.json", workdir / f"vllm_out_{tag}.json"
     rq.write_text(json.dumps(req))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -200,6 +249,28 @@ def run_vllm(args: argparse.Namespace, prompts: list[list[int]], workdir: Path, 
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise UserError(f"bench peer: vLLM ({args.vllm_python}) failed with exit status {proc.returncode}:\n{tail}")
     return json.loads(out.read_text())
+
+
+def run_vllm_plugin(args: argparse.Namespace, prompts: list[list[int]], workdir: Path, tag: str,
+                    fixed: dict[str, Any], fixed_path: Path) -> dict[str, Any] | None:
+    """The plugin's rows: its policy (given, or exported from the token table / cost model with the cost refitted
+    on this pass's fixed runs ``fixed_path``), then vLLM with SpecMoEScheduler per variant."""
+    from specmoe.peer import export
+
+    if not (args.plugin_policy or args.token_table):
+        return None
+    policy = args.plugin_policy
+    if not policy:
+        pol = export.build_policy(token_table=args.token_table, cost_model=args.cost_model,
+                                  vllm_run=str(fixed_path), acceptance=None, max_drafts=args.max_drafts)
+        policy = str(workdir / f"policy_{tag}.json")
+        Path(policy).write_text(json.dumps(pol))
+    variants = [v.strip() for v in args.plugin_variants.split(",") if v.strip()]
+    configs = [{"name": v, "num_speculative_tokens": args.max_drafts,
+                "plugin": {"policy": str(Path(policy).resolve()), "expert_cost": v == "plugin"}} for v in variants]
+    out = run_vllm(args, prompts, workdir, f"plugin_{tag}", configs)
+    out["policy"] = json.loads(Path(policy).read_text()).get("cost")
+    return out
 
 
 @contextlib.contextmanager
@@ -300,11 +371,16 @@ def _vllm_rows(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
     rows = {}
     for run in out["runs"]:
         n = int(run["num_speculative_tokens"])
-        name = "vllm/no_spec" if n == 0 else f"vllm/eagle3_chain{n}"
-        rows[name] = {"gamma": n + 1, "tok_s": run["tokens_per_s"], "tokens": run["tokens"],
-                      "tokens_per_step": run.get("tokens_per_step", 1.0),
-                      "acceptance_by_position": run.get("acceptance_per_pos", []), "outputs": run["outputs"],
-                      "startup_s": run["startup_s"]}
+        base = run.get("name") or ("no_spec" if n == 0 else f"eagle3_chain{n}")
+        for cell in run.get("cells") or [{**run, "batch": 1, "temperature": 0.0}]:
+            b, t = int(cell.get("batch", 1)), float(cell.get("temperature", 0.0))
+            row = {"gamma": n + 1, "tok_s": cell["tokens_per_s"], "tokens": cell["tokens"],
+                   "tokens_per_step": cell.get("tokens_per_step", 1.0), "batch": b, "temperature": t,
+                   "acceptance_by_position": cell.get("acceptance_per_pos", []), "outputs": cell["outputs"],
+                   "startup_s": run["startup_s"]}
+            if "plugin" in cell:
+                row["plugin"] = {k: v for k, v in cell["plugin"].items() if k != "per_request"}
+            rows[f"vllm/{base}{_suffix(b, t)}"] = row
     return rows
 
 
@@ -340,18 +416,40 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
                 out = run_vllm(args, prompts, Path(tmp), str(k))
                 meta = {key: out[key] for key in ("vllm_version", "torch_version", "cpu", "threads")}
                 _keep_faster(best, _vllm_rows(out), k)
+                plug = run_vllm_plugin(args, prompts, Path(tmp), str(k), out, Path(tmp) / f"vllm_out_{k}.json")
+                if plug is not None:
+                    meta["plugin_cost"] = plug["policy"]
+                    _keep_faster(best, _vllm_rows(plug), k)
             if "specmoe" in engines:
                 _keep_faster(best, run_specmoe(target, args, prompts), k)
     eos = {int(t) for t in target.eos_token_ids}
     ref_name = "vllm/no_spec" if "vllm/no_spec" in best else "specmoe/ar"
-    ref = best[ref_name]["outputs"]
-    vbest = max((r["tok_s"] for n, r in best.items() if n.startswith("vllm/")), default=None)
+    for row in best.values():
+        row.setdefault("batch", 1)
+        row.setdefault("temperature", 0.0)
+    cell_best: dict[tuple[int, float], float] = {}
+    fixed_best: dict[tuple[int, float], float] = {}
     for name, row in best.items():
-        row["agreement"] = agreement(row["outputs"], ref, eos)
-        own = "vllm/no_spec" if name.startswith("vllm/") else "specmoe/ar"
-        row["agreement_own"] = agreement(row["outputs"], best[own]["outputs"], eos) if own in best else None
-        row["vs_vllm_best"] = row["tok_s"] / vbest if vbest else None
-    order = sorted(best, key=lambda n: (best[n]["gamma"], not n.startswith("vllm/"), n))
+        if name.startswith("vllm/"):
+            c = (row["batch"], row["temperature"])
+            cell_best[c] = max(cell_best.get(c, 0.0), row["tok_s"])
+            if "plugin" not in row:
+                fixed_best[c] = max(fixed_best.get(c, 0.0), row["tok_s"])
+    for name, row in best.items():
+        c = (row["batch"], row["temperature"])
+        sfx = _suffix(*c)
+        if row["temperature"] > 0:  # sampled outputs differ run to run by design
+            row["agreement"] = row["agreement_own"] = None
+        else:
+            ref = best.get(f"vllm/no_spec{sfx}", best[ref_name])["outputs"]
+            row["agreement"] = agreement(row["outputs"], ref, eos)
+            own = f"vllm/no_spec{sfx}" if name.startswith("vllm/") else "specmoe/ar"
+            row["agreement_own"] = agreement(row["outputs"], best[own]["outputs"], eos) if own in best else None
+        row["vs_vllm_best"] = row["tok_s"] / cell_best[c] if cell_best.get(c) else None
+        if "plugin" in row:
+            row["vs_best_fixed"] = row["tok_s"] / fixed_best[c] if fixed_best.get(c) else None
+    order = sorted(best, key=lambda n: (best[n]["temperature"], best[n]["batch"], best[n]["gamma"],
+                                        not n.startswith("vllm/"), n))
     return {"rows": {n: best[n] for n in order}, "agreement_reference": ref_name, "prompts": len(prompts),
             "prompt_tokens": sum(len(p) for p in prompts), "new_tokens": args.new_tokens, "dtype": args.dtype,
             "threads": torch.get_num_threads(), "passes": args.passes, "cpu": meta.get("cpu") or _cpu(),
@@ -372,18 +470,32 @@ def _cpu() -> str:
 def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
     v = r["vllm"]
     lines = [f"target {r['target']}  draft {r['drafter_path']}  {r['dtype']}  {args.dataset} x {r['prompts']} "
-             f"prompts, {r['new_tokens']} new tokens, greedy, batch 1, threads {r['threads']}, {r['passes']} "
+             f"prompts, {r['new_tokens']} new tokens, greedy, batch 1 (vLLM: cells --batches {args.batches} x "
+             f"--temperatures {args.temperatures}), threads {r['threads']}, {r['passes']} "
              f"alternating passes (faster kept)  cpu {r['cpu']}  torch {r['torch_version']}"
              + (f"  vLLM {v['vllm_version']} (torch {v['torch_version']})" if v else ""),
              f"{'method':<34} {'γ':>2} {'tok/s':>8} {'vs vLLM best':>12} {'tok/step':>8} {'agree':>6} {'own':>5}  "
              f"accepted >= d drafts (d = 1..)   [tok/s per pass]"]
+    def num(x: Any, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
     for name, m in r["rows"].items():
         ratio = f"{m['vs_vllm_best']:.3f}x" if m["vs_vllm_best"] is not None else "-"
         lines.append(f"{name:<34} {m['gamma']:>2} {m['tok_s']:8.1f} {ratio:>12} {m['tokens_per_step']:8.3f} "
-                     f"{m['agreement']:6.2f} {m['agreement_own']:5.2f}  "
+                     f"{num(m['agreement'], '6.2f'):>6} {num(m['agreement_own'], '5.2f'):>5}  "
                      + " / ".join(f"{x:.2f}" for x in m["acceptance_by_position"])
                      + "   [" + ", ".join(f"{x:.1f}" for x in m["tok_s_passes"]) + "]"
                      + (f"  AR-floor steps {100 * m['ar_step_share']:.0f} %" if "goodput" in name else ""))
+    plugin = {n: m for n, m in r["rows"].items() if "plugin" in m}
+    if plugin:
+        lines.append("vLLM plugin (SpecMoEScheduler) per cell: tok/s vs the best fixed configuration of the cell "
+                     "(no speculation, 1..n drafts); budget: steps checked / violations; k: verified drafts "
+                     "chosen (count per k); k_next: drafts proposed")
+        for n, m in plugin.items():
+            p = m["plugin"]
+            lines.append(f"  {n:<32} b{m['batch']} T{m['temperature']:g}  {num(m.get('vs_best_fixed'), '.3f')}x "
+                         f"best fixed  budget {p['budget_checked_steps']} / {p['budget_violations']}  k "
+                         f"{p['k_hist']}  k_next {p['k_next_hist']}")
     lines.append(f"agree: share of prompts with output identical to {r['agreement_reference']}'s; own: to the "
                  f"same engine's no-speculation output (vllm/no_spec, specmoe/ar)")
     return "\n".join(lines)
@@ -398,13 +510,16 @@ def _track(r: dict[str, Any], args: argparse.Namespace) -> str | None:
     params = {k: r[k] for k in ("target", "drafter_path", "dtype", "prompts", "new_tokens", "threads", "passes",
                                 "cpu", "torch_version")}
     params.update(vllm_version=(r["vllm"] or {}).get("vllm_version"), engines=args.engines,
-                  dataset=args.dataset, max_drafts=args.max_drafts, tree_shapes=args.tree_shapes)
+                  dataset=args.dataset, max_drafts=args.max_drafts, tree_shapes=args.tree_shapes,
+                  batches=args.batches, temperatures=args.temperatures, plugin_policy=args.plugin_policy,
+                  token_table=args.token_table, cost_model=args.cost_model)
     with tracker.run(f"bench_peer_{r['dtype']}", params=params, tags={"specmoe.bench": "peer"}) as h:
         metrics: dict[str, float | None] = {}
         for name, m in r["rows"].items():
             key = name.replace("@", "_at_")
             metrics.update({f"{key}/tok_s": m["tok_s"], f"{key}/tokens_per_step": m["tokens_per_step"],
-                            f"{key}/agreement": m["agreement"],
+                            f"{key}/agreement": m["agreement"], f"{key}/vs_best_fixed": m.get("vs_best_fixed"),
+                            f"{key}/budget_violations": (m.get("plugin") or {}).get("budget_violations"),
                             f"{key}/agreement_own": m["agreement_own"], f"{key}/vs_vllm_best": m["vs_vllm_best"]})
             for d, a in enumerate(m["acceptance_by_position"], 1):
                 metrics[f"{key}/acceptance_pos{d}"] = a
