@@ -239,3 +239,20 @@ def test_a_calibration_keeps_the_price_of_passes_the_window_has_not_seen(tmp_pat
     assert err(strong.cost, 64) < 0.08 and max(err(strong.cost, t) for t in range(1, 9)) < 0.08
     assert err(weak.cost, 64) > 0.2  # the window alone: right where it has been, wrong at 64 tokens
     assert max(err(weak.cost, t) for t in range(1, 9)) < 0.02
+
+
+def test_acceptance_model_knows_the_likeliest_child_by_default():
+    """goodput's acceptance model has the fifth feature (the edge is its parent's likeliest drafted child) unless
+    ``acceptance_first: false``; its weights say so in the calibration report."""
+    five, four = make(), make(acceptance_first=False)
+    assert five.acceptance.first and not four.acceptance.first
+    g = torch.Generator().manual_seed(3)
+    tree = random_tree(1, 11, g)
+    ctx = SelectionContext(kv_slots=10, t_draft=1e-3, t_pred=0.0)
+    for sel in (five, four):
+        plan = sel.plan(tree, 4, random_sets(1, 11, 4, 16, 2, g), None, ctx)
+        sel.observe(StepOutcome(rows=1, tokens=int(plan.selected.sum()), width=int(plan.selected.sum()),
+                                kv_slots=10, temperature=0.0, experts_per_layer=[2] * 4, t_verify=1e-3,
+                                t_draft=1e-3, t_pred=0.0, t_select=1e-4, tree=tree, selected=plan.selected,
+                                accepted=plan.selected & (tree.depth == 0)))
+    assert [len(s.calibration()["acceptance"]["0.0"]["weights"]) for s in (five, four)] == [5, 4]
