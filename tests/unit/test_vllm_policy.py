@@ -218,3 +218,16 @@ def test_online_flag_off_keeps_the_file_coefficients(tmp_path):
     for _ in range(40):
         pol.observe_time({"fixed": 1.0, "tokens": 4.0}, 1.0)
     assert pol.cost.current.coef == spec.cost.coef
+
+
+def test_online_cost_learns_a_term_the_file_left_at_zero():
+    prior = {"fixed": 1e-3, "tokens": 2e-4, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 0.0}
+    truth = {"fixed": 1e-3, "tokens": 1e-4, "expert_layers": 3e-5, "kv_slots": 0.0, "draft_steps": 0.0}
+    oc = P.OnlineCost(P.CostTerms(prior), prior_weight=1e-3)
+    rnd = random.Random(5)
+    for _ in range(200):
+        t = rnd.randrange(1, 40)
+        x = {"fixed": 1.0, "tokens": t, "expert_layers": rnd.randrange(t, 4 * t + 8)}
+        oc.observe(x, P.CostTerms(truth).seconds(x))
+    oc.refit()
+    assert oc.current.coef["expert_layers"] == pytest.approx(3e-5, rel=0.1)

@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-model", default=None, help="calibrate_cost's cost_model.json for that policy (optional)")
     p.add_argument("--plugin-variants", default="plugin,plugin_tokens",
                    help="plugin rows: plugin (expert-aware) and/or plugin_tokens (token-only)")
+    p.add_argument("--plugin-clock", default="process", choices=("process", "wall"),
+                   help="how the plugin's online cost refit times vLLM's steps: the engine process's CPU time "
+                        "(default: load-independent on a shared machine) or wall clock")
     p.add_argument("--batches", default="1", help="vLLM batch sizes (requests per generate call), e.g. 1,4,8")
     p.add_argument("--temperatures", default="0", help="vLLM sampling temperatures, e.g. 0,1")
     p.add_argument("--predictor", default="router_on_embedding", help="expert predictor of ecospec / goodput")
@@ -267,7 +270,8 @@ def run_vllm_plugin(args: argparse.Namespace, prompts: list[list[int]], workdir:
         Path(policy).write_text(json.dumps(pol))
     variants = [v.strip() for v in args.plugin_variants.split(",") if v.strip()]
     configs = [{"name": v, "num_speculative_tokens": args.max_drafts,
-                "plugin": {"policy": str(Path(policy).resolve()), "expert_cost": v == "plugin"}} for v in variants]
+                "plugin": {"policy": str(Path(policy).resolve()), "expert_cost": v == "plugin",
+                           "clock": args.plugin_clock}} for v in variants]
     out = run_vllm(args, prompts, workdir, f"plugin_{tag}", configs)
     out["policy"] = json.loads(Path(policy).read_text()).get("cost")
     return out
@@ -374,7 +378,8 @@ def _vllm_rows(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
         base = run.get("name") or ("no_spec" if n == 0 else f"eagle3_chain{n}")
         for cell in run.get("cells") or [{**run, "batch": 1, "temperature": 0.0}]:
             b, t = int(cell.get("batch", 1)), float(cell.get("temperature", 0.0))
-            row = {"gamma": n + 1, "tok_s": cell["tokens_per_s"], "tokens": cell["tokens"],
+            row = {"gamma": n + 1, "tok_s": cell["tokens_per_s"], "tok_s_cpu": cell.get("tokens_per_cpu_s"),
+                   "tokens": cell["tokens"],
                    "tokens_per_step": cell.get("tokens_per_step", 1.0), "batch": b, "temperature": t,
                    "acceptance_by_position": cell.get("acceptance_per_pos", []), "outputs": cell["outputs"],
                    "startup_s": run["startup_s"]}
@@ -429,12 +434,14 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
         row.setdefault("temperature", 0.0)
     cell_best: dict[tuple[int, float], float] = {}
     fixed_best: dict[tuple[int, float], float] = {}
+    fixed_best_cpu: dict[tuple[int, float], float] = {}
     for name, row in best.items():
         if name.startswith("vllm/"):
             c = (row["batch"], row["temperature"])
             cell_best[c] = max(cell_best.get(c, 0.0), row["tok_s"])
             if "plugin" not in row:
                 fixed_best[c] = max(fixed_best.get(c, 0.0), row["tok_s"])
+                fixed_best_cpu[c] = max(fixed_best_cpu.get(c, 0.0), row.get("tok_s_cpu") or 0.0)
     for name, row in best.items():
         c = (row["batch"], row["temperature"])
         sfx = _suffix(*c)
@@ -448,6 +455,8 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
         row["vs_vllm_best"] = row["tok_s"] / cell_best[c] if cell_best.get(c) else None
         if "plugin" in row:
             row["vs_best_fixed"] = row["tok_s"] / fixed_best[c] if fixed_best.get(c) else None
+            row["vs_best_fixed_cpu"] = (row["tok_s_cpu"] / fixed_best_cpu[c]
+                                        if fixed_best_cpu.get(c) and row.get("tok_s_cpu") else None)
     order = sorted(best, key=lambda n: (best[n]["temperature"], best[n]["batch"], best[n]["gamma"],
                                         not n.startswith("vllm/"), n))
     return {"rows": {n: best[n] for n in order}, "agreement_reference": ref_name, "prompts": len(prompts),
@@ -489,13 +498,14 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
     plugin = {n: m for n, m in r["rows"].items() if "plugin" in m}
     if plugin:
         lines.append("vLLM plugin (SpecMoEScheduler) per cell: tok/s vs the best fixed configuration of the cell "
-                     "(no speculation, 1..n drafts); budget: steps checked / violations; k: verified drafts "
-                     "chosen (count per k); k_next: drafts proposed")
+                     "(no speculation, 1..n drafts), by wall clock and by vLLM's CPU time; budget: steps "
+                     "checked / violations; k: verified drafts chosen (count per k); k_next: drafts proposed")
         for n, m in plugin.items():
             p = m["plugin"]
             lines.append(f"  {n:<32} b{m['batch']} T{m['temperature']:g}  {num(m.get('vs_best_fixed'), '.3f')}x "
-                         f"best fixed  budget {p['budget_checked_steps']} / {p['budget_violations']}  k "
-                         f"{p['k_hist']}  k_next {p['k_next_hist']}")
+                         f"best fixed (CPU time {num(m.get('vs_best_fixed_cpu'), '.3f')}x)  budget "
+                         f"{p['budget_checked_steps']} / {p['budget_violations']}  k {p['k_hist']}  k_next "
+                         f"{p['k_next_hist']}")
     lines.append(f"agree: share of prompts with output identical to {r['agreement_reference']}'s; own: to the "
                  f"same engine's no-speculation output (vllm/no_spec, specmoe/ar)")
     return "\n".join(lines)
@@ -519,6 +529,8 @@ def _track(r: dict[str, Any], args: argparse.Namespace) -> str | None:
             key = name.replace("@", "_at_")
             metrics.update({f"{key}/tok_s": m["tok_s"], f"{key}/tokens_per_step": m["tokens_per_step"],
                             f"{key}/agreement": m["agreement"], f"{key}/vs_best_fixed": m.get("vs_best_fixed"),
+                            f"{key}/tok_s_cpu": m.get("tok_s_cpu"),
+                            f"{key}/vs_best_fixed_cpu": m.get("vs_best_fixed_cpu"),
                             f"{key}/budget_violations": (m.get("plugin") or {}).get("budget_violations"),
                             f"{key}/agreement_own": m["agreement_own"], f"{key}/vs_vllm_best": m["vs_vllm_best"]})
             for d, a in enumerate(m["acceptance_by_position"], 1):

@@ -131,9 +131,12 @@ def _expected_union(table: dict[str, Any], tokens: int) -> float:
 def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict[str, Any] | None
                    ) -> dict[str, float]:
     """Refit ``fixed``, ``tokens``, ``draft_steps`` on the runner's fixed-draft-count runs, every cell (seconds
-    per step = seconds / (tokens / tokens per step / batch)), the expert and KV terms held at ``prior``'s (their
-    share of a step is subtracted first): least squares on relative error, terms clipped at 0. Verified tokens
-    and draft steps are collinear at one batch size: give cells of two batch sizes or more."""
+    per step = seconds / (tokens / tokens per step / batch), by the runner's CPU seconds where present), the
+    expert and KV terms held at ``prior``'s (their share of a step is subtracted first): least squares on
+    relative error, terms clipped at 0. Verified tokens and draft steps are collinear at one batch size: give
+    cells of two batch sizes or more. A fourth term, the drafter's own pass (every configuration with
+    speculation pays it, also a step that proposes nothing), is fitted on runs with and without speculation and
+    added to ``fixed``: under the plugin every step pays it."""
     import numpy as np
 
     xs, ys = [], []
@@ -145,28 +148,34 @@ def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict
             rows = int(c.get("batch", 1))
             tps = float(c.get("tokens_per_step") or 1.0)
             steps = c["tokens"] / tps / rows
-            sec = sum(c["seconds"])
+            sec = sum(c.get("cpu_seconds") or c["seconds"])  # CPU time where the runner measured it
             if steps <= 0 or sec <= 0:
                 continue
             verified = rows * (1 + n)
             held = prior.get("expert_layers", 0.0) * (_expected_union(table, verified) if table else 0.0)
-            xs.append([1.0, float(verified), float(n)])
+            xs.append([1.0, float(verified), float(n), 1.0 if n > 0 else 0.0])
             ys.append(max(sec / steps - held, 1e-9))
     if len(xs) < 2:
         raise UserError("--vllm-run: need runs with at least two draft counts (configs 0..n) to fit the step cost")
     x, y = np.array(xs), np.array(ys)
+    if not (x[:, 3] > 0).any() or (x[:, 3] > 0).all():
+        x = x[:, :3]  # without runs both with and without speculation the drafter's own pass cannot be told apart
     w = 1.0 / y
-    active = [0, 1, 2]
-    coef = np.zeros(3)
-    for _ in range(3):
+    m = x.shape[1]
+    active = list(range(m))
+    coef = np.zeros(m)
+    for _ in range(m):
         sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
-        coef = np.zeros(3)
+        coef = np.zeros(m)
         coef[active] = np.clip(sol, 0, None)
         if (sol >= 0).all():
             break
         active = [a for a, s in zip(active, sol) if s >= 0]
     out = dict(prior)
-    out.update(fixed=float(coef[0]), tokens=float(coef[1]), draft_steps=float(coef[2]))
+    # under the plugin the drafter absorbs every step's tokens even when it proposes nothing (vLLM's proposer
+    # runs whenever speculation is configured): its pass is part of the fixed cost there
+    absorb = float(coef[3]) if m > 3 else 0.0
+    out.update(fixed=float(coef[0]) + absorb, tokens=float(coef[1]), draft_steps=float(coef[2]))
     return out
 
 

@@ -22,6 +22,7 @@ Request (JSON object)::
                                              #  "plugin": {"policy": "policy.json", "expert_cost": true,
                                              #             "online": true}}: EAGLE-3 with up to n drafts,
                                              # specmoe_vllm's scheduler choosing per step how many to verify
+      # plugin options also: "clock": "process" (the online cost refit times steps by CPU time)
       "cells": [{"batch": 1, "temperature": 0.0}],   # per config, the prompts in groups of `batch` requests
                                              # per generate call, sampled at `temperature` (seed per prompt)
       "dtype": "float32",                    # float32 | bfloat16
@@ -48,6 +49,9 @@ Output (JSON object)::
           "seconds": [0.41, ...],            # per prompt, fastest of `repeats`, wall clock of llm.generate
           "tokens": 1536,                    # generated tokens over all prompts
           "tokens_per_s": 245.1,             # tokens / sum(seconds)
+          "cpu_seconds": [...], "tokens_per_cpu_s": 260.3,   # the same by this process's CPU time (one
+                                             # OpenMP thread, engine in-process: what a loaded machine's
+                                             # other processes do not add)
           # only with speculation (counted over one pass of the prompts: the first repeat):
           "drafts": 400,                     # speculative steps (vllm:spec_decode_num_drafts)
           "draft_tokens": 1200,              # vllm:spec_decode_num_draft_tokens
@@ -234,7 +238,7 @@ def run_config(req: dict, config, workdir: str = ".") -> dict:
         log_path = os.path.join(workdir, f"plugin_log_{cfg['name']}.jsonl")
         if os.path.exists(log_path):
             os.remove(log_path)
-        opts = {k: plugin[k] for k in ("policy", "expert_cost", "online") if k in plugin}
+        opts = {k: plugin[k] for k in ("policy", "expert_cost", "online", "clock") if k in plugin}
         kw["scheduler_cls"] = "specmoe_vllm.scheduler.SpecMoEScheduler"
         kw["additional_config"] = {"specmoe": {**opts, "log": log_path}}
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if req.get("multiprocessing", False) else "0"
@@ -256,28 +260,32 @@ def run_config(req: dict, config, workdir: str = ".") -> dict:
         for g in groups[: int(req.get("warmup", 1))]:
             llm.generate([prompts[i] for i in g], [params(i) for i in g], use_tqdm=False)
         outputs: list = [None] * len(prompts)
-        seconds, spec, results, log_start = [], None, [], len(_read_log(log_path))
+        seconds, cpu, spec, results, log_start = [], [], None, [], len(_read_log(log_path))
         log_rounds: list[dict] = []
         for r in range(repeats):
             before = _spec_metrics(llm) if n_spec > 0 and r == 0 else None
             for j, g in enumerate(groups):
-                t = time.perf_counter()
+                t, tc = time.perf_counter(), time.process_time()
                 res = llm.generate([prompts[i] for i in g], [params(i) for i in g], use_tqdm=False)
-                dt = time.perf_counter() - t
+                dt, dc = time.perf_counter() - t, time.process_time() - tc
                 if r == 0:
                     results.extend(res)
                     for i, o in zip(g, res):
                         outputs[i] = [int(x) for x in o.outputs[0].token_ids]
                     seconds.append(dt)
+                    cpu.append(dc)
                 else:
                     seconds[j] = min(seconds[j], dt)
+                    cpu[j] = min(cpu[j], dc)
             if before is not None:
                 spec = _delta(_spec_metrics(llm), before)
             if r == 0 and plugin is not None:
                 log_rounds = _read_log(log_path)[log_start:]
         tokens = sum(len(o) for o in outputs)
         out = {"batch": batch, "temperature": temp, "outputs": outputs, "seconds": [round(x, 6) for x in seconds],
-               "tokens": tokens, "tokens_per_s": round(tokens / max(sum(seconds), 1e-9), 3)}
+               "cpu_seconds": [round(x, 6) for x in cpu], "tokens": tokens,
+               "tokens_per_s": round(tokens / max(sum(seconds), 1e-9), 3),
+               "tokens_per_cpu_s": round(tokens / max(sum(cpu), 1e-9), 3)}
         if spec is not None:
             out.update(spec)
         if plugin is not None:

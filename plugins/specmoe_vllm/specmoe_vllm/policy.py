@@ -287,8 +287,8 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 class OnlineCost:
     """Step-time coefficients refitted from measured steps: minimise sum ((x.c - y) / y)^2 + w * sum ((c_j - p_j) /
-    s_j)^2 over a sliding window (p: the file's coefficients, s_j: their scale), terms clipped at 0 and refitted
-    without them."""
+    s_j)^2 over a sliding window (p: the file's coefficients, s_j: their scale, or for a zero prior the
+    coefficient that alone explains 1/n of the mean step), terms clipped at 0 and refitted without them."""
 
     def __init__(self, prior: CostTerms, window: int = 256, prior_weight: float = 4.0, every: int = 16):
         self.prior = dict(prior.coef)
@@ -311,7 +311,12 @@ class OnlineCost:
         if not self.obs:
             return
         n = len(COST_TERMS)
-        scale = [max(self.prior[k], 1e-7) for k in COST_TERMS]
+        # a term's ridge scale: its prior, or (a zero prior) the coefficient that alone would explain 1/n of
+        # the mean step, so a term the file left at 0 can still be learned from the steps
+        mean_y = sum(y for _, y in self.obs) / len(self.obs)
+        mean_x = [sum(x[j] for x, _ in self.obs) / len(self.obs) for j in range(n)]
+        scale = [max(self.prior[k], mean_y / (n * mean_x[j]) if mean_x[j] > 0 else 1e-7)
+                 for j, k in enumerate(COST_TERMS)]
         active = list(range(n))
         coef = [0.0] * n
         for _ in range(n):

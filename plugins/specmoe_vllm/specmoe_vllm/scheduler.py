@@ -11,7 +11,9 @@ Use it with vLLM's ``scheduler_cls`` and speculative decoding (EAGLE-3 or any pr
         --additional-config '{"specmoe": {"policy": "policy.json"}}'
 
 ``additional_config["specmoe"]`` keys: ``policy`` (the policy file, required), ``expert_cost`` (default true;
-false = the token-only variant), ``online`` (refit the cost from measured step times, default true), ``log`` (a
+false = the token-only variant), ``online`` (refit the cost from measured step times, default true), ``clock``
+(``wall``, default, or ``process``: steps timed by the engine process's CPU time, load-independent on a shared
+machine with one OpenMP thread and the engine in-process), ``log`` (a
 JSON-lines file: per step the drafts each request held, the policy's choice, what vLLM scheduled and
 ``k_next``).
 
@@ -43,10 +45,13 @@ def options_from(vllm_config: Any) -> dict[str, Any]:
     opts = dict(extra.get("specmoe") or {}) if isinstance(extra, dict) else {}
     if "policy" not in opts and os.environ.get("SPECMOE_VLLM_POLICY"):
         opts["policy"] = os.environ["SPECMOE_VLLM_POLICY"]
-    unknown = sorted(set(opts) - {"policy", "expert_cost", "online", "log"})
+    unknown = sorted(set(opts) - {"policy", "expert_cost", "online", "log", "clock"})
     if unknown:
         raise PolicyFileError(f"additional_config['specmoe']: unknown key '{unknown[0]}' (known: policy, "
-                              f"expert_cost, online, log)")
+                              f"expert_cost, online, log, clock)")
+    if opts.get("clock", "wall") not in ("wall", "process"):
+        raise PolicyFileError(f"additional_config['specmoe']['clock'] is {opts['clock']!r}: give 'wall' or "
+                              f"'process'")
     if not opts.get("policy"):
         raise PolicyFileError("specmoe_vllm needs a policy file: pass additional_config={'specmoe': {'policy': "
                               "'policy.json'}} (or set SPECMOE_VLLM_POLICY); write one with platform peer "
@@ -65,6 +70,7 @@ class SpecMoEScheduler(Scheduler):
                                                                                                    True)),
                                             online=bool(opts.get("online", True)))
         self._log = open(opts["log"], "a") if opts.get("log") else None
+        self._clock = time.process_time if opts.get("clock") == "process" else time.perf_counter
         self._pending: dict[str, Any] | None = None  # the last step's decision, until its time is known
         self._step = 0
 
@@ -84,11 +90,13 @@ class SpecMoEScheduler(Scheduler):
         return rows
 
     def schedule(self, *args: Any, **kwargs: Any):
-        now = time.perf_counter()
+        now = self._clock()
         if self._pending is not None:  # the previous step's time: schedule -> execute -> drafts -> here
             p, self._pending = self._pending, None
             seconds = now - p["t"]
-            if p["pure_decode"] and seconds < 4 * p["predicted"]:
+            # a request that arrived in between means the engine waited on its caller: not a step's time
+            arrived = any(r.request_id not in p["ids"] for r in self.running) or len(self.waiting) > 0
+            if p["pure_decode"] and not arrived and seconds < 4 * p["predicted"]:
                 self.specmoe_policy.observe_time(p["shape"], seconds)
         if self.num_spec_tokens <= 0:
             return super().schedule(*args, **kwargs)
@@ -110,7 +118,8 @@ class SpecMoEScheduler(Scheduler):
             out.num_spec_tokens_to_schedule = decision.k_next
             coef_seconds = self.specmoe_policy.cost.current.seconds(decision.shape, True)
             self._pending = {"t": now, "shape": decision.shape, "predicted": max(coef_seconds, 1e-6),
-                             "pure_decode": all(r.extra_tokens == 0 for r in rows)}
+                             "pure_decode": all(r.extra_tokens == 0 for r in rows),
+                             "ids": {r.req for r in rows}}
             if self._log is not None:
                 sched = {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()}
                 self._log.write(json.dumps({"step": self._step, "held": held, "k": decision.k, "scheduled": sched,
