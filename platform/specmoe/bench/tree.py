@@ -117,7 +117,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Per method: tokens per step, tokens/s, acceptance per position, verified tokens and phase seconds per step."""
     import torch
 
-    from specmoe.bench.goodput import _drafter
+    from specmoe.bench.drafters import bench_drafter
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.decoding.stopping import StopRule
     from specmoe.registry import drafters, predictors, selectors, verifiers
@@ -125,7 +125,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "verifier", ""):
         verifiers.get(args.verifier)().install(target)
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
-    drafter = _drafter(target, args)
+    drafter = bench_drafter(target, args)
     by_frontier: dict[int | None, Any] = {None: drafter}
     pred = predictors.get(args.predictor)(**({"path": args.predictor_path} if args.predictor_path else {}))
     pred.setup(target)
