@@ -207,7 +207,7 @@ def build_policy(*, token_table: str | None, cost_model: str | None, vllm_run: s
               "cost": {k: float(v) for k, v in cost.items()},
               "acceptance": {"prior": {"greedy": prior, "sampled": [a * 0.9 for a in prior]}, "strength": 20,
                              "request_strength": 8},
-              "meta": {"sources": {"token_table": token_table, "cost_model": cost_model, "vllm_run": vllm_run}}}
+              "meta": {"sources": {"table_dir": token_table, "cost_model": cost_model, "vllm_run": vllm_run}}}
     if table is not None:
         policy["experts"] = table
     return policy
