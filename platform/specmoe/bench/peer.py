@@ -329,7 +329,7 @@ def _own_loop(fn: Any, prompts: list[list[int]], depth: int) -> dict[str, Any]:
 def run_specmoe(target: Any, args: argparse.Namespace, prompts: list[list[int]]) -> dict[str, dict[str, Any]]:
     """One pass of specmoe: ar, chains of 1..max_drafts, bench tree's trees, goodput."""
     from specmoe.bench import tree
-    from specmoe.bench.goodput import _drafter
+    from specmoe.bench.drafters import bench_drafter
     from specmoe.decoding.ar import ar_generate
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.decoding.stopping import StopRule
@@ -360,7 +360,7 @@ def run_specmoe(target: Any, args: argparse.Namespace, prompts: list[list[int]])
     if args.goodput:
         trees = tree.parse_shapes(args.tree_shapes) if args.tree_shapes else {}
         budget, steps, top_k, _ = max((trees or parsed).values(), key=lambda v: v[0])  # the largest tree's pool
-        drafter = _drafter(target, targs)
+        drafter = bench_drafter(target, targs)
         pred = predictors.get(args.predictor)(**({"path": args.predictor_path} if args.predictor_path else {}))
         pred.setup(target)
         sel = selectors.get("goodput")(**json.loads(args.goodput))
