@@ -47,5 +47,5 @@ from specmoe.bench.engine import DEMO
 from specmoe.models.tiny import build_tiny_model
 d = dict(DEMO); arch = d.pop('arch'); seed = d.pop('seed')
 build_tiny_model(arch, '/tmp/demo_target', seed=seed, **d)" >"$OUT/build_target.log" 2>&1
-step cost_calibration 100 python -m specmoe.cli.main bench expert_latency --target /tmp/demo_target --calibrate --device cuda \
+step cost_calibration 100 python -m specmoe.cli.main bench goodput_cost --target /tmp/demo_target --device cuda \
   --dtype bfloat16 --iters 3 --warmup 1 --check-steps 20 --save "$OUT/cost_model.json"

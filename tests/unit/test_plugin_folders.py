@@ -142,9 +142,12 @@ def site(tmp_path, monkeypatch):
     root = tmp_path / "site"
     root.mkdir()
     monkeypatch.syspath_prepend(str(root))
+    # the registries as they were (plugins registered by decorator at import, e.g. the tests' fixture stages,
+    # are not rediscovered after a clear), restored once the throw-away packages are off sys.path
+    saved = [(r, r._snapshot()) for r in (stages, predictors)]
     yield root
-    for registry in (stages, predictors):
-        registry._clear()
+    for registry, snap in saved:
+        registry._restore(snap)
 
 
 def test_a_trained_predictor_is_one_folder_plus_entry_points(site, tmp_path, qwen3_traces, make_target):

@@ -183,6 +183,23 @@ class Registry(Generic[T]):
             self._discover()
             return sorted(self._conflicts)
 
+    def _snapshot(self) -> tuple:
+        """What :meth:`_restore` puts back (tests only: a test that clears or adds plugins restores the
+        registry, so plugins registered by decorator at import time survive it)."""
+        with self._lock:
+            return dict(self._entries), {k: list(v) for k, v in self._conflicts.items()}, dict(self._loaded), \
+                self._discovered
+
+    def _restore(self, snap: tuple) -> None:
+        with self._lock:
+            entries, conflicts, loaded, self._discovered = snap
+            self._entries.clear()
+            self._entries.update(entries)
+            self._conflicts.clear()
+            self._conflicts.update(conflicts)
+            self._loaded.clear()
+            self._loaded.update(loaded)
+
     def _clear(self) -> None:
         """Forget everything (tests only)."""
         with self._lock:
