@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyError as exc:
         raise UserError(str(exc).strip("'\"")) from None
     for reg in regs:
-        print(f"{reg.kind}s ({reg.group}):")
+        print(f"{reg.kind}{'es' if reg.kind.endswith('ch') else 's'} ({reg.group}):")
         entries = reg.entries()
         if not entries:
             print("  (none)")
