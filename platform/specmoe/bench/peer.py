@@ -57,7 +57,7 @@ from typing import Any, Iterator
 __all__ = ["add_arguments", "run", "measure", "agreement", "check_draft"]
 
 RUNNER = Path(__file__).resolve().parents[1] / "peer" / "vllm_runner.py"
-DEFAULT_TREES = "tree4=4/3/2,tree5=5/4/2"
+DEFAULT_TREES = "tree4=4/3/2,tree5=5/4/2,tree4w1=4/3/2/1,tree5w1=5/4/2/1"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,6 +72,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-shapes", default=DEFAULT_TREES,
                    help="specmoe trees, name=budget/steps/top_k[/frontier] (bench tree's --shapes); '' for none")
     p.add_argument("--selectors", default="confidence,ecospec", help="tree selectors, each raw and calibrated")
+    p.add_argument("--verifier", default="",
+                   help="specmoe's experts implementation for every method, ar included (a verifier plugin, e.g. the "
+                        "demo's; '' = the model's own)")
+    p.add_argument("--warmup", type=int, default=4,
+                   help="untimed generations per specmoe tree / chain method first (bench tree's --warmup)")
     p.add_argument("--goodput", default="{}", help="goodput selector options as JSON ('' to leave goodput out)")
     p.add_argument("--plugin-policy", default=None, help="the vLLM plugin's policy file (platform peer export-policy)")
     p.add_argument("--token-table", default=None,
@@ -333,8 +338,10 @@ def run_specmoe(target: Any, args: argparse.Namespace, prompts: list[list[int]])
     from specmoe.decoding.ar import ar_generate
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.decoding.stopping import StopRule
-    from specmoe.registry import predictors, selectors
+    from specmoe.registry import predictors, selectors, verifiers
 
+    if getattr(args, "verifier", ""):
+        verifiers.get(args.verifier)().install(target)
     stop = StopRule(args.new_tokens, stop_ids=list(target.eos_token_ids))
     rows: dict[str, dict[str, Any]] = {}
     clock = time.perf_counter
@@ -347,7 +354,8 @@ def run_specmoe(target: Any, args: argparse.Namespace, prompts: list[list[int]])
         drafter="eagle3", drafter_path=args.drafter_path, predictor=args.predictor,
         predictor_path=args.predictor_path, selectors=args.selectors, shapes=shapes, dataset=args.dataset,
         format=args.format, data_dir=args.data_dir, prompts=args.prompts, random_prompts=args.random_prompts,
-        seed=args.seed, new_tokens=args.new_tokens, temperature=0.0, clock="wall")
+        seed=args.seed, new_tokens=args.new_tokens, temperature=0.0, clock="wall",
+        warmup=getattr(args, "warmup", 4))
     with _recording() as seen:
         res = tree.measure(target, targs)
     if len(seen) != len(res["methods"]):
