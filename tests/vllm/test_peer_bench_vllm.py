@@ -15,7 +15,7 @@ import os
 
 import pytest
 import torch
-from fixtures.agreeing import EMBED_SCALE, bigram_eagle3
+from fixtures.agreeing import VLLM_HEADS, bigram_eagle3, predictable_checkpoint
 
 from specmoe.bench import peer
 from specmoe.registry import targets
@@ -28,18 +28,11 @@ if not VLLM_PYTHON:
 
 
 def test_bench_peer_runs_both_engines(tmp_path):
-    import transformers
 
-    from specmoe.models.tiny import build_tiny_model
 
     torch.set_num_threads(1)
-    src = build_tiny_model("gpt_oss", tmp_path / "random", seed=0, num_attention_heads=2, num_key_value_heads=1,
-                           head_dim=32)
-    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(EMBED_SCALE["gpt_oss"])
-    model.save_pretrained(tmp_path / "target")
-    draft = bigram_eagle3(targets.get("hf")(path=str(tmp_path / "target")), tmp_path / "draft")
+    target_dir = predictable_checkpoint("gpt_oss", tmp_path, out=tmp_path / "target", **VLLM_HEADS)
+    draft = bigram_eagle3(targets.get("hf")(path=str(target_dir)), tmp_path / "draft")
 
     p = argparse.ArgumentParser()
     peer.add_arguments(p)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures.agreeing import EMBED_SCALE, bigram_eagle3
+from fixtures.agreeing import VLLM_HEADS, bigram_eagle3, predictable_checkpoint
 from fixtures.tiny import random_prompts
 
 from specmoe.registry import targets
@@ -70,22 +70,14 @@ def served(tmp_path_factory):
     """Build the checkpoints and the policy, run vLLM once over every config and batch size: the runner's JSON."""
     import argparse
 
-    import transformers
-
-    from specmoe.models.tiny import build_tiny_model
     from specmoe.peer import export
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("vllm_plugin")
-    src = build_tiny_model("gpt_oss", root / "random", seed=0, num_attention_heads=2, num_key_value_heads=1,
-                           head_dim=32)
-    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(EMBED_SCALE["gpt_oss"])
-    model.save_pretrained(root / "target")
-    target = targets.get("hf")(path=str(root / "target"))
+    target_dir = predictable_checkpoint("gpt_oss", root, out=root / "target", **VLLM_HEADS)
+    target = targets.get("hf")(path=str(target_dir))
     draft = bigram_eagle3(target, root / "draft")
-    cfg = json.loads((root / "target" / "config.json").read_text())
+    cfg = json.loads((target_dir / "config.json").read_text())
     table = _token_table(root / "token_table", cfg)
     # a pass costs 1 ms + 0.15 ms per verified token + 0.03 ms per expert-layer, a draft step 0.2 ms: at batch 8
     # drafts pay less than at batch 1, so the choices move between 0 and K

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures.agreeing import EMBED_SCALE
+from fixtures.agreeing import VLLM_HEADS, predictable_checkpoint
 from fixtures.tiny import random_prompts
 
 from specmoe.decoding.ar import ar_generate
@@ -43,23 +43,12 @@ if not VLLM_PYTHON:
 N_SPEC = 3  # vLLM num_speculative_tokens = drafts per step
 MAX_NEW = 32
 N_PROMPTS = 6
-#: the tiny GPT-OSS of fixtures/tiny.py with a head size vLLM's CPU attention supports (32, 64, ...)
-TARGET_OVERRIDES = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 TRAIN_STEPS = 120
 TRAIN_PROMPTS = 48
 
 
 def _predictable_target(root: Path) -> Path:
-    import transformers
-
-    from specmoe.models.tiny import build_tiny_model
-
-    src = build_tiny_model("gpt_oss", root / "random", seed=0, **TARGET_OVERRIDES)
-    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(EMBED_SCALE["gpt_oss"])
-    model.save_pretrained(root / "target")
-    return root / "target"
+    return predictable_checkpoint("gpt_oss", root, out=root / "target", **VLLM_HEADS)
 
 
 def _train_draft(target, out: Path) -> Path:
