@@ -78,7 +78,7 @@ def _ranks(results: Path, n: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def traces(make_target, tmp_path_factory):
     from specmoe.interfaces.dataset import Sample
-    from specmoe.traces.collect import CollectOptions, collect_traces
+    from specmoe_plugins.stages.collect_traces.collect import CollectOptions, collect_traces
 
     samples = [Sample(id=f"q{i}", turns=[f"Q{i}: what is {i} + {2 * i}?"]) for i in range(24)]
     out = tmp_path_factory.mktemp("ddp_traces")

@@ -34,9 +34,8 @@ PENDING: dict[str, set[str]] = {
     # drafter checkpoint-format sniffing and the vLLM peer's method names (owned by the drafting / peer engineers)
     "drafting/__init__.py": {"eagle3", "gto", "mtp"},
     "peer/vllm_runner.py": {"eagle3"},
-    # stage names used as cache-directory names by core helpers (24.1 moves these stages' code to their folders)
+    # deprecated aliases (removed in 0.3.0): their __all__ names the moved function, which the stage is named after
     "traces/collect.py": {"collect_traces"},
-    # a deprecated alias (removed in 0.3.0): its __all__ names the moved function, which the stage is named after
     "traces/token_table.py": {"build_token_table"},
 }
 

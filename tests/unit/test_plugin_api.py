@@ -247,6 +247,9 @@ MOVED_INTO_PLUGINS = {
     "specmoe.bench.cost_calibration": ("specmoe_plugins.selectors.goodput.calibration",
                                        ["grid", "calibrate", "shape_of", "fit_split", "engine_check"]),
     "specmoe.bench.goodput": ("specmoe_plugins.selectors.goodput.bench", ["add_arguments", "run", "measure"]),
+    "specmoe.traces.collect": ("specmoe_plugins.stages.collect_traces.collect",
+                               ["CollectOptions", "collect_traces", "split_samples", "plan_shards", "encode_turn",
+                                "route_sequences", "usable_tokenizer", "trace_meta", "summarize"]),
 }
 
 

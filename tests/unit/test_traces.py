@@ -10,8 +10,8 @@ import torch
 
 from specmoe.errors import UserError
 from specmoe.interfaces.dataset import Sample
-from specmoe.traces.collect import CollectOptions, collect_traces, split_samples
 from specmoe.traces.format import COLUMNS, TraceReader
+from specmoe_plugins.stages.collect_traces.collect import CollectOptions, collect_traces, split_samples
 
 SAMPLES = [Sample(id=f"q{i}", turns=[f"Question {i}: what is {i} plus {3 * i}?"]) for i in range(10)]
 OPTS = CollectOptions(max_new_tokens=12, batch_size=4, samples_per_shard=3, progress=False)
@@ -51,7 +51,7 @@ def test_collect_writes_index_shards_and_split(traces):
 def test_tokens_are_prompt_plus_own_continuation_and_routing_matches_target(traces, target):
     from specmoe.decoding.ar import ar_generate
     from specmoe.decoding.stopping import StopRule
-    from specmoe.traces.collect import encode_turn
+    from specmoe_plugins.stages.collect_traces.collect import encode_turn
 
     r = TraceReader(traces)
     for rec, cols in r.iter_samples():

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``collect_traces``: run the target over a dataset (prompts + its own continuations) and store the router's
-top-K experts per token and MoE layer (format: :mod:`specmoe.traces.format`; logic:
-:mod:`specmoe.traces.collect`).
+top-K experts per token and MoE layer (format: :mod:`specmoe.traces.format`; logic: the
+folder's ``collect.py``).
 
 Resumable: finished shards are kept and the collection continues after them. Launched under torchrun /
 SLURM with several processes, each rank traces its share of the shards (``target.device: cuda`` becomes
@@ -54,8 +54,8 @@ class CollectTraces(Stage):
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
         from specmoe.data.samples import load_samples
         from specmoe.stages.options import build_option, build_target, option_components
-        from specmoe.traces.collect import CollectOptions, collect_traces
         from specmoe.utils.dist import dist_info
+        from specmoe_plugins.stages.collect_traces.collect import CollectOptions, collect_traces
 
         cfg = self.config
         specs = option_components(cfg, "dataset") + option_components(cfg, "datasets")
