@@ -146,3 +146,59 @@ def test_tiny_target_recipe_shares_the_demo_target():
     keys = [StageRunner(load_recipe(recipes / name).stages, "/nonexistent").keys["target"]
             for name in ("tiny_target.yaml", "tiny_gsm8k.yaml")]
     assert keys[0] == keys[1]
+
+
+#: the stage keys of ``recipes/tiny_gsm8k.yaml`` where ``precision: auto`` resolves to bf16 (a CPU with native
+#: bf16, as the demo's): a change that keeps the recipe and the computation keeps these (a stage's key hashes the
+#: options the recipe writes, the stage's version and its key facts). Change a value only with a change that
+#: means to retrain that stage, and say why in its commit.
+DEMO_KEYS = {"target": "1084eb5672dc090c", "responses": "88f4ee60fae3f3ce", "traces": "6b6a4fcc677abec2",
+             "eagle3": "a753f68f2b53daff", "predictor": "b59e44bf0530dda6", "token_table": "124035153c80445e",
+             "draft_head": "fdb63177525c054b"}
+
+
+def test_the_demo_recipe_keeps_its_stage_keys(cpu_only):
+    from pathlib import Path
+
+    from specmoe.config.load import load_recipe
+    from specmoe.stages.runner import StageRunner
+
+    cpu_only(True)
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "tiny_gsm8k.yaml"
+    assert StageRunner(load_recipe(recipe).stages, "/nonexistent").keys == DEMO_KEYS
+
+
+def test_training_stages_share_one_set_of_optimizer_options(tmp_path):
+    """``lr``, ``weight_decay`` and ``warmup_steps`` are declared once (``OptimizerOptions``), stay flat keys of
+    each training stage in a recipe (validated: a misspelt one is reported), and each stage keeps its own
+    defaults."""
+    import dataclasses
+
+    from specmoe.config.errors import ConfigError
+    from specmoe.config.load import load_recipe
+    from specmoe.registry import stages
+    from specmoe.training.trainer import OptimizerOptions
+
+    sharing = {n for n in stages.names() if issubclass(stages.get(n).Config, OptimizerOptions)}
+    assert {"pretrain_target", "train_predictor", "train_draft_head"} <= sharing
+    names = [f.name for f in dataclasses.fields(OptimizerOptions)]
+    assert names == ["lr", "weight_decay", "warmup_steps"]
+    base = {f.name: f.default for f in dataclasses.fields(OptimizerOptions)}
+    for n in sharing:  # declared once: a stage re-declares a field only to change its default
+        config = stages.get(n).Config
+        own = [k for k in vars(config).get("__annotations__", {}) if k in names]
+        assert all(getattr(config, k) != base[k] for k in own), (n, own)
+    defaults = {n: stages.get(n)().config.optimizer() for n in ("pretrain_target", "train_predictor",
+                                                                 "train_draft_head")}
+    assert defaults == {"pretrain_target": {"lr": 2e-3, "weight_decay": 0.1, "warmup_steps": 20},
+                        "train_predictor": {"lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0},
+                        "train_draft_head": {"lr": 2e-3, "weight_decay": 0.0, "warmup_steps": 0}}
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: k\nstages:\n  - {id: p, name: train_predictor, traces: /x, lr: 0.5, warmup_steps: 3}\n")
+    (spec,) = load_recipe(recipe).stages
+    assert stages.get("train_predictor")(**spec.component.options).config.optimizer() == {
+        "lr": 0.5, "weight_decay": 0.0, "warmup_steps": 3}
+    recipe.write_text("name: k\nstages:\n  - {id: p, name: train_predictor, traces: /x, warmup_step: 3}\n")
+    with pytest.raises(ConfigError, match="warmup_step"):
+        load_recipe(recipe)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-__all__ = ["TrainerOptions", "build_trainer", "mlflow_logger", "resolve_precision", "cpu_has_native_bf16",
-           "default_num_threads", "stage_trainer_options", "trainer_key_facts"]
+__all__ = ["TrainerOptions", "OptimizerOptions", "build_trainer", "mlflow_logger", "resolve_precision",
+           "cpu_has_native_bf16", "default_num_threads", "stage_trainer_options", "trainer_key_facts"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,24 @@ class TrainerOptions:
     enable_progress_bar: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     """any other ``lightning.Trainer`` keyword argument."""
+
+
+@dataclass
+class OptimizerOptions:
+    """The AdamW options every training stage shares, written once: a stage's ``Config`` subclasses this (the
+    options stay flat keys of the stage in a recipe, ``lr: 1e-3``) and re-declares a field only to give it
+    another default. :meth:`optimizer` passes them on to the stage's module as keyword arguments."""
+
+    lr: float = 1e-3
+    """peak AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """linear warm-up from 0 to ``lr``, in optimizer steps (0: none)."""
+
+    def optimizer(self) -> dict[str, Any]:
+        """``{lr, weight_decay, warmup_steps}`` of this config (the keyword arguments of the modules)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(OptimizerOptions)}
 
 
 @functools.lru_cache(maxsize=None)

@@ -27,7 +27,7 @@ from typing import Any, Optional
 from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
-from specmoe.training.trainer import TrainerOptions, trainer_key_facts
+from specmoe.training.trainer import OptimizerOptions, TrainerOptions, trainer_key_facts
 
 __all__ = ["TrainDraftHead"]
 
@@ -41,7 +41,7 @@ class TrainDraftHead(Stage):
     distributed = True  # Lightning DDP: every rank trains
 
     @dataclass
-    class Config:
+    class Config(OptimizerOptions):
         traces: str = ""
         """trace directory (``stage:<collect_traces id>``)."""
         drafter: Optional[Component] = component("drafter", optional=True)
@@ -65,8 +65,6 @@ class TrainDraftHead(Stage):
         """per-device batch size (global = batch_size x devices x nodes)."""
         val_batch_size: Optional[int] = None
         lr: float = 2e-3
-        weight_decay: float = 0.0
-        warmup_steps: int = 0
         cache_features: bool = False
         """keep every window's features in host memory after their first computation (later epochs skip
         the target and drafter; windows x tokens x F x depths x 4 bytes per rank)."""
@@ -145,7 +143,7 @@ class TrainDraftHead(Stage):
         head = dict(feature_size=drafter.feature_size, embed_size=target.hidden_size, num_layers=m.num_layers,
                     num_experts=m.num_experts, top_k=m.top_k, kind=cfg.kind, rank=cfg.rank,
                     use_embedding=cfg.use_embedding)
-        module = DraftHeadModule(head, cfg.depths, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.cache_features)
+        module = DraftHeadModule(head, cfg.depths, cache_features=cfg.cache_features, **cfg.optimizer())
         with torch.no_grad():
             embedding = target.embed(torch.arange(target.vocab_size, device=target.device)).to("cpu", torch.float32)
         module.attach(target, drafter, embedding)

@@ -23,7 +23,7 @@ from typing import Any, Optional
 from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
-from specmoe.training.trainer import TrainerOptions, trainer_key_facts
+from specmoe.training.trainer import OptimizerOptions, TrainerOptions, trainer_key_facts
 
 __all__ = ["TrainPredictor", "resolve_target_embedding"]
 
@@ -69,7 +69,7 @@ class TrainPredictor(Stage):
     distributed = True  # Lightning DDP: every rank trains
 
     @dataclass
-    class Config:
+    class Config(OptimizerOptions):
         traces: str = ""
         """trace directory (``stage:<collect_traces id>``)."""
         target: Optional[Component] = component("target", optional=True, name_default="hf")
@@ -87,8 +87,6 @@ class TrainPredictor(Stage):
         val_batch_size: Optional[int] = None
         lr: float = 1e-5
         """the paper's Adam learning rate; fresh tiny backbones want ~1e-3."""
-        weight_decay: float = 0.0
-        warmup_steps: int = 0
         gradient_checkpointing: bool = False
         num_workers: int = 0
         seed: int = 0
@@ -120,9 +118,8 @@ class TrainPredictor(Stage):
                                     cfg.num_workers, cfg.seed)
         m = dm.meta
         module = PredictorModule(m.num_layers, m.num_experts, m.top_k, m.hidden_size, m.vocab_size,
-                                 cfg.backbone, cfg.backbone_config, cfg.attn_implementation, cfg.lr,
-                                 cfg.weight_decay, warmup_steps=cfg.warmup_steps,
-                                 gradient_checkpointing=cfg.gradient_checkpointing)
+                                 cfg.backbone, cfg.backbone_config, cfg.attn_implementation,
+                                 gradient_checkpointing=cfg.gradient_checkpointing, **cfg.optimizer())
         module.set_target_embedding(resolve_target_embedding(cfg, m))
         milestones = accuracy_milestones(list(cfg.milestones), out, export_from_checkpoint)
         callbacks = [ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0,

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from specmoe.errors import UserError
 from specmoe.interfaces.stage import Stage, StageContext
-from specmoe.training.trainer import TrainerOptions, stage_trainer_options, trainer_key_facts
+from specmoe.training.trainer import OptimizerOptions, TrainerOptions, stage_trainer_options, trainer_key_facts
 from specmoe_plugins.targets.tiny.router_balance import RouterCollapseError
 from specmoe_plugins.targets.tiny.text_data import GSM8K_TRAIN, TextSource
 
@@ -60,7 +60,7 @@ class PretrainTarget(Stage):
     distributed = True  # Lightning DDP under torchrun / SLURM: every rank trains, rank 0 exports
 
     @dataclass
-    class Config:
+    class Config(OptimizerOptions):
         arch: str = "gpt_oss"
         """architecture of :mod:`specmoe.models.tiny` (``gpt_oss``, ``qwen3_moe``, ``deepseek_v3``)."""
         model: dict[str, Any] = field(default_factory=dict)
@@ -132,8 +132,7 @@ class PretrainTarget(Stage):
         data = TextDataModule(tokenizer, data_dir, sources, block_size=cfg.block_size,
                               batch_size=cfg.batch_size, val_fraction=cfg.val_fraction, seed=cfg.seed,
                               docs_per_context=cfg.docs_per_context)
-        module = PretrainLM(self._model_config(tokenizer), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio,
+        module = PretrainLM(self._model_config(tokenizer), **cfg.optimizer(), min_lr_ratio=cfg.min_lr_ratio,
                             router_z_loss_coef=cfg.router_z_loss_coef, balance_rate=cfg.balance_rate,
                             collapse_fraction=cfg.collapse_fraction, max_dead_fraction=cfg.max_dead_fraction)
         trainer = self._trainer(topts, out, ctx)
