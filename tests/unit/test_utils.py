@@ -59,6 +59,28 @@ def test_file_lock_says_who_holds_it_and_times_out(tmp_path):
         holder.release()
 
 
+def test_file_lock_of_a_killed_holder_is_free_and_names_it_while_alive(tmp_path):
+    """The lock is the OS's (``filelock``'s native lock, no soft fallback): a holder killed with SIGKILL leaves
+    no stale lock, and while it lives a waiter reads its record from the lock file."""
+    path = tmp_path / "k.lock"
+    code = (f"import sys, time; from specmoe.utils.files import FileLock; lock = FileLock({str(path)!r}).acquire(); "
+            f"print('held', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        other = FileLock(path, "stage 'k'", on_wait=lambda msg: None)
+        assert other.is_held_elsewhere() and other.holder()["pid"] == proc.pid
+        with pytest.raises(LockTimeout, match=rf"stage 'k' is in use by pid {proc.pid} on"):
+            other.acquire(timeout=0, poll=0.01)
+    finally:
+        proc.kill()
+        proc.wait()
+    mine = FileLock(path, "stage 'k'").acquire(timeout=0)
+    assert mine.holder()["pid"] == os.getpid()
+    mine.release()
+    assert path.is_file() and not FileLock(path).is_held_elsewhere()
+
+
 @pytest.fixture
 def clean_env(monkeypatch):
     for var in LAUNCH:

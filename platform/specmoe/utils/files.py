@@ -4,10 +4,10 @@
 * :func:`atomic_write` writes through a temporary file in the same directory and an ``os.replace``, so a
   reader (or a process killed mid-write) never sees half a file; :func:`atomic_path` does the same for
   writers that want a path (``safetensors.save_file``).
-* :class:`FileLock` is an exclusive ``flock`` on ``<path>``; the holder writes who it is into the lock file,
-  so a process that has to wait can say who it waits for. The lock is released when the holder exits,
-  however it dies (the kernel drops ``flock`` locks with the process), so a killed run never leaves a stale
-  lock behind. On systems without ``fcntl`` locking is a no-op.
+* :class:`FileLock` is an exclusive OS lock on ``<path>`` (the ``filelock`` library's native lock: ``flock`` on
+  POSIX, never its soft fallback); the holder writes who it is into the lock file, so a process that has to wait
+  can say who it waits for. The lock is released when the holder exits, however it dies (the kernel drops the
+  lock with the process), so a killed run never leaves a stale lock behind.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
+
+import filelock
 
 __all__ = ["atomic_write", "atomic_write_json", "atomic_path", "FileLock", "LockTimeout", "holder_text"]
 
@@ -95,7 +97,18 @@ class FileLock:
         self.path = Path(path)
         self.what = what or str(self.path)
         self.on_wait = on_wait or logger.warning
-        self._fh: Any = None
+        self._lock = self._native(self._write_holder)
+
+    def _native(self, on_acquired: Optional[Callable[[int], None]] = None) -> filelock.BaseFileLock:
+        # the lock file stays (its holder record is read by whoever waits), one lock per object, not per thread
+        return filelock.FileLock(self.path, thread_local=False, preserve_lock_file=True, on_acquired=on_acquired)
+
+    @staticmethod
+    def _write_holder(fd: int) -> None:
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                  "command": " ".join(Path(sys.argv[0]).name.split() + sys.argv[1:])[:300]}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
 
     def holder(self) -> dict[str, Any]:
         """Who holds (or last held) the lock, as written by the holder; ``{}`` when unknown."""
@@ -110,59 +123,33 @@ class FileLock:
         Raises:
             LockTimeout: the lock is still held after ``timeout`` seconds.
         """
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX: no locking
-            return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path, "a+")
-        t0 = time.monotonic()
-        told = False
-        while True:
+        try:
+            self._lock.acquire(timeout=0)
+        except filelock.Timeout:
+            self.on_wait(f"{self.what} is in use by {holder_text(self.holder())}; waiting for it "
+                         f"(lock file {self.path})")
             try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not told:
-                    self.on_wait(f"{self.what} is in use by {holder_text(self.holder())}; waiting for it "
-                                 f"(lock file {self.path})")
-                    told = True
-                if timeout is not None and time.monotonic() - t0 >= timeout:
-                    fh.close()
-                    raise LockTimeout(f"{self.what} is in use by {holder_text(self.holder())} (lock file "
-                                      f"{self.path}); gave up after {timeout:.0f} s") from None
-                time.sleep(poll)
-        fh.seek(0)
-        fh.truncate()
-        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                             "command": " ".join(Path(sys.argv[0]).name.split() + sys.argv[1:])[:300]}))
-        fh.flush()
-        self._fh = fh
+                self._lock.acquire(timeout=-1 if timeout is None else timeout, poll_interval=poll)
+            except filelock.Timeout:
+                raise LockTimeout(f"{self.what} is in use by {holder_text(self.holder())} (lock file "
+                                  f"{self.path}); gave up after {timeout:.0f} s") from None
         return self
 
     def release(self) -> None:
-        if self._fh is None:
-            return
-        import fcntl
-
-        fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
-        self._fh.close()
-        self._fh = None
+        if self._lock.is_locked:
+            self._lock.release()
 
     def is_held_elsewhere(self) -> bool:
         """True when another process holds the lock right now (this call does not keep it)."""
-        if self._fh is not None or not self.path.exists():
+        if self._lock.is_locked or not self.path.exists():
             return False
+        probe = self._native()
         try:
-            import fcntl
-        except ImportError:  # pragma: no cover
-            return False
-        with open(self.path, "a+") as fh:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            probe.acquire(timeout=0)
+        except filelock.Timeout:
+            return True
+        probe.release()
         return False
 
     def __enter__(self) -> "FileLock":
