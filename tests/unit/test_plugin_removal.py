@@ -3,7 +3,9 @@
 leaves every other plugin importable through the registries (issue 24, acceptance). One subprocess
 (``tests/fixtures/plugin_removal.py``) walks every plugin: the plugins source root copied without it, the entry
 points filtered to the modules that still exist, every registry's plugins imported, every remaining module
-imported. A plugin that imports another one is noticed (the second test plants one)."""
+imported. A plugin that imports another one is noticed (the second test plants one). The core needs no such
+walk: the import contract "the core never imports the built-in plugins" (``lint-imports``) proves it imports
+without any of them (its deprecation aliases import a moved module by name only when a name is taken)."""
 
 from __future__ import annotations
 
