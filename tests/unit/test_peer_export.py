@@ -67,7 +67,7 @@ def test_bad_inputs_name_the_file(tmp_path):
 def test_vllm_runs_refit_the_step_cost_and_give_the_acceptance_prior(tmp_path):
     """Synthetic runner output from known per-step costs (fixed 2 ms, 0.3 ms per verified token, 0.5 ms per
     draft step, 0.4 ms for the drafter's pass of any speculative configuration): the fit recovers them (the
-    drafter's pass in the plugin's fixed cost); the prior is the longest chain's conditional acceptance."""
+    drafter's pass as ``spec_pass``); the prior is the longest chain's conditional acceptance."""
     runs = []
     for n in range(4):
         tps = 1 + 0.8 * n
@@ -79,7 +79,8 @@ def test_vllm_runs_refit_the_step_cost_and_give_the_acceptance_prior(tmp_path):
                      **({"drafts": steps, "acceptance_per_pos": [0.9, 0.72, 0.36][:n]} if n else {})})
     out = {"runs": runs}
     fit = export.fit_vllm_steps(out, {}, None)
-    assert fit["fixed"] == pytest.approx(2.4e-3, rel=0.02)
+    assert fit["fixed"] == pytest.approx(2e-3, rel=0.02)
+    assert fit["spec_pass"] == pytest.approx(4e-4, rel=0.05)
     assert fit["tokens"] == pytest.approx(3e-4, rel=0.05)
     assert fit["draft_steps"] == pytest.approx(5e-4, rel=0.05)
     assert export.acceptance_from_run(out) == pytest.approx([0.9, 0.8, 0.5])

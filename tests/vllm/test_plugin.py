@@ -6,14 +6,16 @@ A tiny predictable GPT-OSS target and the EAGLE-3 draft built from its weights (
 format and a specmoe ``cost_model.json``, both turned into the plugin's policy file by ``platform peer
 export-policy`` (the exporter under test too). vLLM runs through ``specmoe/peer/vllm_runner.py`` (a script with a
 ``__main__`` guard run by vLLM's python): no speculation, and EAGLE-3 with up to :data:`K` drafts under
-``SpecMoEScheduler`` with the expert term (``plugin``) and without (``plugin_tokens``), at batch 1, 4 and 8
-greedy, and batch 4 at T = 1.
+``SpecMoEScheduler`` with the expert term (``plugin``) and without (``plugin_tokens``), both skipping the drafter
+on steps that propose nothing (``specmoe_vllm.drafter``, the default), and with the expert term in vLLM's own
+way (``plugin_noskip``: every step pays the drafter's pass), at batch 1, 4 and 8 greedy, and batch 4 at T = 1.
 
 Checked: greedy outputs with the plugin equal vLLM's without speculation, every prompt, every batch size; the
 budget (greedy and T = 1): per request, the drafts vLLM verified at each step (its own
 ``per_request_spec_decode_metrics: detailed`` counts) are exactly the policy's non-zero choices in order (so
 never more); and the cap is exercised (the cost file makes the policy verify fewer than K drafts in some steps
-and propose fewer in others). The
+and propose fewer in others); the drafter is skipped on steps that propose nothing and the held rows are
+replayed, none dropped. The
 policy's online cost refit is off here (``online: false``) so that its choices do not depend on the machine's
 timing. Skipped without ``SPECMOE_VLLM_PYTHON`` (``bash docker/vllm_env.sh`` prints it).
 """
@@ -100,7 +102,9 @@ def served(tmp_path_factory):
     req = {"target": str(root / "target"), "draft": str(draft), "prompts": prompts, "max_new_tokens": MAX_NEW,
            "configs": [0, {"name": "plugin", "num_speculative_tokens": K, "plugin": plugin},
                        {"name": "plugin_tokens", "num_speculative_tokens": K,
-                        "plugin": {**plugin, "expert_cost": False}}],
+                        "plugin": {**plugin, "expert_cost": False}},
+                       {"name": "plugin_noskip", "num_speculative_tokens": K,
+                        "plugin": {**plugin, "skip_drafter": False}}],
            "cells": [{"batch": b, "temperature": 0.0} for b in BATCHES] + [{"batch": 4, "temperature": 1.0}],
            "dtype": "float32", "warmup": 1,
            "ignore_eos": True}
@@ -125,7 +129,7 @@ def test_plugin_is_a_vllm_general_plugin():
     assert "specmoe_vllm:register" in proc.stdout
 
 
-@pytest.mark.parametrize("name", ["plugin", "plugin_tokens"])
+@pytest.mark.parametrize("name", ["plugin", "plugin_tokens", "plugin_noskip"])
 def test_greedy_output_equals_vllm_without_speculation(served, name):
     runs, _ = served
     ref = {c["batch"]: c["outputs"] for c in runs["no_spec"]["cells"] if c["temperature"] == 0}
@@ -137,7 +141,7 @@ def test_greedy_output_equals_vllm_without_speculation(served, name):
     assert cells[1]["drafts"] > 0  # it did speculate (at batch 8 this cost file makes drafts not pay)
 
 
-@pytest.mark.parametrize("name", ["plugin", "plugin_tokens"])
+@pytest.mark.parametrize("name", ["plugin", "plugin_tokens", "plugin_noskip"])
 def test_budget_respected_per_request(served, name):
     runs, _ = served
     checked = 0
@@ -168,6 +172,22 @@ def test_the_cap_is_exercised(served):
         return sum(k * n for k, n in h.items()) / max(sum(h.values()), 1)
 
     assert mean(nexts[8]) < mean(nexts[1]), nexts
+
+
+def test_steps_that_propose_nothing_skip_the_drafter(served):
+    """The proposer of ``specmoe_vllm.drafter`` is vLLM's (put in place by the plugin's entry point); with the
+    plugin's default it skips the drafter on steps that propose nothing (batch 8: drafts do not pay here),
+    samples them without the rejection sampler and replays the held rows when drafting resumes, dropping
+    none; with ``skip_drafter: false`` every step runs the drafter as vLLM does. The outputs of both equal
+    vLLM's without speculation (test above)."""
+    runs, _ = served
+    by = {name: {(c["batch"], c["temperature"]): c["plugin"]["drafter"] for c in runs[name]["cells"]}
+          for name in ("plugin", "plugin_tokens", "plugin_noskip")}
+    skip = by["plugin"]
+    assert skip[(8, 0.0)]["skipped_steps"] > 0 and skip[(8, 0.0)]["plain_steps"] > 0
+    assert sum(d["catch_up_rows"] for n in ("plugin", "plugin_tokens") for d in by[n].values()) > 0
+    assert all(d["dropped_rows"] == 0 for n in ("plugin", "plugin_tokens") for d in by[n].values())
+    assert all(v == 0 for d in by["plugin_noskip"].values() for v in d.values())
 
 
 def test_a_bad_policy_file_is_one_message(served, tmp_path):

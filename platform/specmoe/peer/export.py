@@ -12,8 +12,8 @@ a1,a2,...] --out policy.json`` reads *files* only (no stage module is imported):
   ``expert_layers``, ``kv_slots``, ``padded_tokens``, ``token_kv``) -> the policy's ``cost`` (``padded_tokens``
   folds into ``tokens``, ``token_kv`` into ``kv_slots``: a decode row verifies few tokens).
 * ``--vllm-run``: the JSON ``specmoe/peer/vllm_runner.py`` wrote for fixed draft counts (``configs`` 0..n): the
-  per-step seconds of vLLM's own runs refit the ``fixed``, ``tokens`` and ``draft_steps`` terms (ridge towards
-  the cost model's, or on their own without one), and the longest chain's per-position acceptance is the
+  per-step seconds of vLLM's own runs refit the ``fixed``, ``tokens``, ``draft_steps`` and ``spec_pass`` terms
+  (ridge towards the cost model's, or on their own without one), and the longest chain's per-position acceptance is the
   acceptance prior (conditional: P(position i | position i - 1)).
 * ``--acceptance``: the prior's per-position conditional rates given directly (default from ``--vllm-run``, else
   0.8 everywhere).
@@ -21,7 +21,7 @@ a1,a2,...] --out policy.json`` reads *files* only (no stage module is imported):
 The policy file (``format: specmoe_vllm.policy/1``; read by ``specmoe_vllm.policy.load_policy``)::
 
     {"format": "specmoe_vllm.policy/1", "max_drafts": 5, "tolerance": 0.01,
-     "cost": {"fixed": s, "tokens": s, "expert_layers": s, "kv_slots": s, "draft_steps": s},
+     "cost": {"fixed": s, "tokens": s, "expert_layers": s, "kv_slots": s, "draft_steps": s, "spec_pass": s},
      "acceptance": {"prior": {"greedy": [...], "sampled": [...]}, "strength": 20, "request_strength": 8},
      "experts": {"num_layers": L, "num_experts": E, "top_k": K, "fallback": [[...]] * L,
                  "token_ids": [...], "table": [[[...]] * L, ...], "token_counts": [...]},
@@ -135,8 +135,8 @@ def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict
     expert and KV terms held at ``prior``'s (their share of a step is subtracted first): least squares on
     relative error, terms clipped at 0. Verified tokens and draft steps are collinear at one batch size: give
     cells of two batch sizes or more. A fourth term, the drafter's own pass (every configuration with
-    speculation pays it, also a step that proposes nothing), is fitted on runs with and without speculation and
-    added to ``fixed``: under the plugin every step pays it."""
+    speculation pays it, also a step that proposes nothing), is fitted on runs with and without speculation as
+    ``spec_pass``: the plugin pays it on every step, or with ``skip_drafter`` only on steps that speculate."""
     import numpy as np
 
     xs, ys = [], []
@@ -172,10 +172,10 @@ def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict
             break
         active = [a for a, s in zip(active, sol) if s >= 0]
     out = dict(prior)
-    # under the plugin the drafter absorbs every step's tokens even when it proposes nothing (vLLM's proposer
-    # runs whenever speculation is configured): its pass is part of the fixed cost there
-    absorb = float(coef[3]) if m > 3 else 0.0
-    out.update(fixed=float(coef[0]) + absorb, tokens=float(coef[1]), draft_steps=float(coef[2]))
+    # the drafter's pass over the step's tokens and the rejection sampler: vLLM pays them on every step once
+    # speculation is configured; the plugin with skip_drafter only on steps that speculate (spec_pass)
+    out.update(fixed=float(coef[0]), tokens=float(coef[1]), draft_steps=float(coef[2]),
+               spec_pass=float(coef[3]) if m > 3 else 0.0)
     return out
 
 
@@ -243,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
     out.write_text(json.dumps(pol))
     c = pol["cost"]
     print(f"wrote {out}: cost ms fixed {c['fixed'] * 1e3:.3f}, per token {c['tokens'] * 1e3:.4f}, per expert-layer "
-          f"{c.get('expert_layers', 0) * 1e3:.4f}, per draft step {c['draft_steps'] * 1e3:.3f}; acceptance prior "
+          f"{c.get('expert_layers', 0) * 1e3:.4f}, per draft step {c['draft_steps'] * 1e3:.3f}, speculative "
+          f"machinery per step {c.get('spec_pass', 0) * 1e3:.3f}; acceptance prior "
           f"{pol['acceptance']['prior']['greedy']}; experts: {'yes' if 'experts' in pol else 'no'}")
     return 0

@@ -22,7 +22,8 @@ Request (JSON object)::
                                              #  "plugin": {"policy": "policy.json", "expert_cost": true,
                                              #             "online": true}}: EAGLE-3 with up to n drafts,
                                              # specmoe_vllm's scheduler choosing per step how many to verify
-      # plugin options also: "clock": "process" (the online cost refit times steps by CPU time)
+      # plugin options also: "clock": "process" (the online cost refit times steps by CPU time),
+      # "skip_drafter": false (every step pays the drafter's pass, vLLM's own way; default true)
       "cells": [{"batch": 1, "temperature": 0.0}],   # per config, the prompts in groups of `batch` requests
                                              # per generate call, sampled at `temperature` (seed per prompt)
       "dtype": "float32",                    # float32 | bfloat16
@@ -31,9 +32,12 @@ Request (JSON object)::
       "max_model_len": 2048,
       "enforce_eager": true,                 # false: vLLM's torch.compile path (slower start-up)
       "ignore_eos": true,                    # generate exactly max_new_tokens (aligned comparisons)
-      "multiprocessing": false               # true: vLLM's default engine-core process (start-up ~12 s
+      "multiprocessing": false,              # true: vLLM's default engine-core process (start-up ~12 s
                                              # longer here); false: the engine runs in this process
+      "engine_args": {}                      # more vllm.LLM arguments (tensor_parallel_size, ...), last
     }
+    A config object may also carry "speculative": {...}: more speculative_config keys (e.g.
+    {"enable_adaptive_verification": true}, with VLLM_USE_V2_MODEL_RUNNER=1 in the environment).
 
 Output (JSON object)::
 
@@ -66,7 +70,9 @@ Output (JSON object)::
                                 per-request count, per_request_spec_decode_metrics "detailed", exceeds the
                                 choice, or the two sequences differ), "budget_checked_steps", "per_request":
                                 {"drafted": vLLM's per-step drafts per prompt, "chosen": the policy's
-                                non-zero choices per prompt}}}, ...]
+                                non-zero choices per prompt}, "drafter": {"skipped_steps", "plain_steps",
+                                "catch_up_rows", "dropped_rows"} (specmoe_vllm.drafter's counters; in-process
+                                engine only)}}, ...]
           # (the run's top-level outputs / seconds / counters are its first cell's)
         }, ...
       ]
@@ -133,7 +139,10 @@ def _delta(after: dict, before: dict) -> dict:
 
 
 def _check_draft(path: str) -> None:
-    """One clear message for a draft vLLM would misread (repeated aux layer ids: an old specmoe export)."""
+    """One clear message for a draft vLLM would misread (repeated aux layer ids: an old specmoe export). A hub
+    id (no such directory here) is vLLM's to resolve."""
+    if not os.path.isdir(path):
+        return
     try:
         with open(os.path.join(path, "config.json")) as f:
             cfg = json.load(f)
@@ -156,10 +165,14 @@ def _config(c) -> dict:
             _fail(f"config {c}: 'plugin' must be an object with a 'policy' file")
         if plugin is not None and n < 1:
             _fail(f"config {c}: the plugin needs num_speculative_tokens >= 1 (the most drafts a step may verify)")
+        extra = c.get("speculative") or {}
+        if not isinstance(extra, dict) or (extra and n < 1):
+            _fail(f"config {c}: 'speculative' must be an object of more speculative_config keys (with "
+                  f"num_speculative_tokens >= 1)")
         return {"name": str(c.get("name") or (f"plugin{n}" if plugin else f"eagle3_chain{n}")), "n": n,
-                "plugin": plugin}
+                "plugin": plugin, "speculative": extra}
     n = int(c)
-    return {"name": "no_spec" if n == 0 else f"eagle3_chain{n}", "n": n, "plugin": None}
+    return {"name": "no_spec" if n == 0 else f"eagle3_chain{n}", "n": n, "plugin": None, "speculative": {}}
 
 
 def _check_plugin(plugin: dict) -> None:
@@ -171,6 +184,18 @@ def _check_plugin(plugin: dict) -> None:
         load_policy(plugin["policy"])
     except PolicyFileError as exc:
         _fail(str(exc))
+
+
+def _drafter_counters(llm) -> dict | None:
+    """specmoe_vllm.drafter's counters of the in-process engine's proposer (None elsewhere)."""
+    try:
+        d = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
+    except AttributeError:
+        return None
+    stats = getattr(d, "specmoe_stats", None)
+    if stats is None:
+        return None
+    return {**stats, "dropped_rows": d.specmoe_held.dropped}
 
 
 def _read_log(path: str) -> list[dict]:
@@ -231,16 +256,17 @@ def run_config(req: dict, config, workdir: str = ".") -> dict:
             _fail(f"config {n_spec} needs an EAGLE-3 draft: set 'draft' in the request")
         _check_draft(req["draft"])
         kw["speculative_config"] = {"method": "eagle3", "model": req["draft"],
-                                    "num_speculative_tokens": int(n_spec)}
+                                    "num_speculative_tokens": int(n_spec), **cfg["speculative"]}
         kw["per_request_spec_decode_metrics"] = "detailed"
     if plugin is not None:
         _check_plugin(plugin)
         log_path = os.path.join(workdir, f"plugin_log_{cfg['name']}.jsonl")
         if os.path.exists(log_path):
             os.remove(log_path)
-        opts = {k: plugin[k] for k in ("policy", "expert_cost", "online", "clock") if k in plugin}
+        opts = {k: plugin[k] for k in ("policy", "expert_cost", "online", "clock", "skip_drafter") if k in plugin}
         kw["scheduler_cls"] = "specmoe_vllm.scheduler.SpecMoEScheduler"
         kw["additional_config"] = {"specmoe": {**opts, "log": log_path}}
+    kw.update(req.get("engine_args") or {})
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if req.get("multiprocessing", False) else "0"
     t0 = time.perf_counter()
     llm = LLM(**kw)
@@ -262,6 +288,7 @@ def run_config(req: dict, config, workdir: str = ".") -> dict:
         outputs: list = [None] * len(prompts)
         seconds, cpu, spec, results, log_start = [], [], None, [], len(_read_log(log_path))
         log_rounds: list[dict] = []
+        drafter_before = _drafter_counters(llm) if plugin is not None else None
         for r in range(repeats):
             before = _spec_metrics(llm) if n_spec > 0 and r == 0 else None
             for j, g in enumerate(groups):
@@ -290,6 +317,9 @@ def run_config(req: dict, config, workdir: str = ".") -> dict:
             out.update(spec)
         if plugin is not None:
             out["plugin"] = _budget(log_rounds, results)
+            counters = _drafter_counters(llm)
+            if counters is not None and drafter_before is not None:
+                out["plugin"]["drafter"] = {k: v - drafter_before.get(k, 0) for k, v in counters.items()}
         done.append(out)
     run = {"name": cfg["name"], "num_speculative_tokens": int(n_spec), "startup_s": round(startup, 3),
            **{k: v for k, v in done[0].items() if k not in ("batch", "temperature")}, "cells": done}

@@ -10,6 +10,7 @@ expected tokens per second::
     rate(k) = sum_r (1 + E_r(k_r)) / T_step(k)
     E_r(k)  = sum_{i=1..k} prod_{j<=i} a_{r,j}         expected accepted drafts of a chain of k
     T_step  = c_fixed + c_tokens * tokens + c_expert * sum_l |U_l| + c_kv * kv_slots + c_draft * K_next
+              + c_spec * [the step speculates: it verifies a draft or K_next > 0]
 
 ``a_{r,j}`` is the conditional acceptance of draft position ``j`` (P(accepted | position j-1 accepted)), counted
 online from what vLLM reports as accepted per request (a Beta prior per position from the policy file), scaled
@@ -25,6 +26,11 @@ the highest rate; speculation is kept only where it beats the all-zero rate by t
 drafts vLLM's proposer makes for the next step, its ``num_spec_tokens_to_schedule``) is planned the same way with
 the drafts not yet known: their experts are the table's frequency-weighted inclusion probabilities per expert
 (an expected union). With ``K_next = 0`` the drafter only absorbs the step's tokens (no draft forward passes).
+
+``c_spec`` is what vLLM's speculative machinery costs a step besides the drafts (the drafter's pass over the step's
+tokens, the rejection sampler). With ``plain_steps`` (the plugin's ``skip_drafter``, :mod:`specmoe_vllm.drafter`)
+a step that verifies nothing and proposes nothing does not pay it (it runs as plain decoding); without, every step
+does (vLLM's own behaviour), so the floor is plain decoding plus ``c_spec``.
 
 The cost coefficients start from the policy file (specmoe's calibration, converted by ``platform peer
 export-policy``) and are refitted online from the measured step times (relative-error ridge regression towards
@@ -46,7 +52,7 @@ __all__ = ["FORMAT", "COST_TERMS", "PolicyFileError", "PolicySpec", "ExpertTable
 #: the policy file's ``format`` value this module reads
 FORMAT = "specmoe_vllm.policy/1"
 #: the step-cost terms (seconds per unit); see the module docstring
-COST_TERMS = ("fixed", "tokens", "expert_layers", "kv_slots", "draft_steps")
+COST_TERMS = ("fixed", "tokens", "expert_layers", "kv_slots", "draft_steps", "spec_pass")
 
 
 class PolicyFileError(ValueError):
@@ -290,9 +296,9 @@ class OnlineCost:
     s_j)^2 over a sliding window (p: the file's coefficients, s_j: their scale, or for a zero prior the
     coefficient that alone explains 1/n of the mean step), terms clipped at 0 and refitted without them."""
 
-    def __init__(self, prior: CostTerms, window: int = 256, prior_weight: float = 4.0, every: int = 16):
-        self.prior = dict(prior.coef)
-        self.current = CostTerms(dict(prior.coef))
+    def __init__(self, prior: CostTerms, window: int = 256, prior_weight: float = 4.0, every: int = 64):
+        self.prior = {k: prior.coef.get(k, 0.0) for k in COST_TERMS}  # a term the caller left out is 0
+        self.current = CostTerms(dict(self.prior))
         self.obs: deque[tuple[list[float], float]] = deque(maxlen=window)
         self.prior_weight = prior_weight
         self.every = every
@@ -404,20 +410,27 @@ class _Union:
 
 class GoodputPolicy:
     """The per-step joint choice (see the module docstring). ``expert_cost = False``: the token-only variant;
-    ``online = False``: the file's cost coefficients stay as they are (deterministic choices)."""
+    ``online = False``: the file's cost coefficients stay as they are (deterministic choices); ``plain_steps``:
+    a step that verifies and proposes nothing skips vLLM's speculative machinery (no ``spec_pass`` cost)."""
 
     def __init__(self, spec: PolicySpec, num_speculative_tokens: int, *, expert_cost: bool = True,
-                 online: bool = True):
+                 online: bool = True, plain_steps: bool = False):
         self.spec = spec
         self.K = max(0, int(num_speculative_tokens))
         self.expert_cost = expert_cost and spec.table is not None
         self.cost = OnlineCost(spec.cost)
         self.online = online
+        self.plain_steps = plain_steps
         self.acceptance = Acceptance(spec.prior, spec.prior_strength, spec.request_strength, max(self.K, 1))
 
     # -------------------------------------------------------------- pricing
-    def _seconds(self, tokens: float, union: float, kv: float, k_next: int) -> float:
-        x = {"fixed": 1.0, "tokens": tokens, "expert_layers": union, "kv_slots": kv, "draft_steps": k_next}
+    def _spec(self, speculates: bool) -> float:
+        """The ``spec_pass`` unit of a step: paid when it speculates, or always without plain steps."""
+        return 1.0 if speculates or not self.plain_steps else 0.0
+
+    def _seconds(self, tokens: float, union: float, kv: float, k_next: int, spec: float = 1.0) -> float:
+        x = {"fixed": 1.0, "tokens": tokens, "expert_layers": union, "kv_slots": kv, "draft_steps": k_next,
+             "spec_pass": spec}
         return self.cost.current.seconds(x, self.expert_cost)
 
     def _base(self, rows: Sequence[Row]) -> tuple[_Union, float, float, float]:
@@ -457,18 +470,21 @@ class GoodputPolicy:
         chains = self._chains(rows, self.K)
         by = {r.req: r for r in rows}
         k = {r.req: 0 for r in rows}
-        t = self._seconds(tokens, union.size(), kv, k_next)
+        spec = self._spec(k_next > 0)
+        t = self._seconds(tokens, union.size(), kv, k_next, spec)
         ar_rate = num / t if t > 0 else 0.0
-        best = (ar_rate * (1 + self.spec.tolerance), dict(k), tokens, union.size())
+        best = (ar_rate * (1 + self.spec.tolerance), dict(k), tokens, union.size(), spec)
         c_tok, c_exp = self._coefs()
+        c_spec = self.cost.current.coef.get("spec_pass", 0.0)
         while True:
+            first = c_spec if spec == 0 else 0.0  # the step's first draft brings the speculative machinery
             pick, pick_rate, pick_gain = None, -1.0, 0.0
             for req, n in avail.items():
                 i = k[req]
                 if i >= n:
                     continue
                 g = union.gain(by[req].drafts[i]) if c_exp > 0 else 0.0
-                rate = (num + chains[req][i]) / (t + c_tok + c_exp * g)
+                rate = (num + chains[req][i]) / (t + first + c_tok + c_exp * g)
                 if rate > pick_rate:
                     pick, pick_rate, pick_gain = req, rate, g
             if pick is None:
@@ -478,11 +494,13 @@ class GoodputPolicy:
             union.add(by[pick].drafts[i])
             k[pick] = i + 1
             tokens += 1
-            t += c_tok + c_exp * pick_gain
+            t += first + c_tok + c_exp * pick_gain
+            spec = 1.0
             if pick_rate > best[0]:
-                best = (pick_rate, dict(k), tokens, union.size())
-        rate, choice, tok_n, u_n = best
-        shape = {"fixed": 1.0, "tokens": tok_n, "expert_layers": u_n, "kv_slots": kv, "draft_steps": k_next}
+                best = (pick_rate, dict(k), tokens, union.size(), spec)
+        rate, choice, tok_n, u_n, spec_n = best
+        shape = {"fixed": 1.0, "tokens": tok_n, "expert_layers": u_n, "kv_slots": kv, "draft_steps": k_next,
+                 "spec_pass": spec_n}
         return choice, (rate if any(choice.values()) else ar_rate), ar_rate, shape
 
     def _plan(self, rows: Sequence[Row]) -> int:
@@ -497,7 +515,7 @@ class GoodputPolicy:
         grow = [self._joint(u0, n) for n in range(len(order) + 1)] if c_exp > 0 else [u0] * (len(order) + 1)
         best_k, best_rate = 0, -1.0
         for kn in range(self.K + 1):
-            t = self._seconds(tokens, grow[0], kv, kn)
+            t = self._seconds(tokens, grow[0], kv, kn, self._spec(kn > 0))
             rate = num / t * (1 + self.spec.tolerance) if kn == 0 else -1.0
             got, n = num, 0
             for p, i in order:

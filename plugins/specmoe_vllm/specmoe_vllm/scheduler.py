@@ -15,7 +15,9 @@ false = the token-only variant), ``online`` (refit the cost from measured step t
 (``wall``, default, or ``process``: steps timed by the engine process's CPU time, load-independent on a shared
 machine with one OpenMP thread and the engine in-process), ``log`` (a
 JSON-lines file: per step the drafts each request held, the policy's choice, what vLLM scheduled and
-``k_next``).
+``k_next``), ``skip_drafter`` (default true: a step that verifies and proposes nothing runs as plain decoding,
+without the drafter's pass or the rejection sampler, :mod:`specmoe_vllm.drafter`; false: vLLM's own way, every
+step pays them).
 
 Each step, before vLLM's own scheduling: the policy sees every running request (its proposed drafts, last token,
 context) and returns ``k_r``; a request's ``spec_token_ids`` are cut to ``k_r`` (vLLM then schedules ``1 + k_r``
@@ -34,9 +36,13 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from specmoe_vllm.drafter import skipping_wanted
 from specmoe_vllm.policy import GoodputPolicy, PolicyFileError, Row, load_policy
 
-__all__ = ["SpecMoEScheduler", "options_from"]
+__all__ = ["SpecMoEScheduler", "options_from", "OPTIONS"]
+
+#: the keys of ``additional_config["specmoe"]``
+OPTIONS = ("policy", "expert_cost", "online", "log", "clock", "skip_drafter")
 
 
 def options_from(vllm_config: Any) -> dict[str, Any]:
@@ -45,10 +51,10 @@ def options_from(vllm_config: Any) -> dict[str, Any]:
     opts = dict(extra.get("specmoe") or {}) if isinstance(extra, dict) else {}
     if "policy" not in opts and os.environ.get("SPECMOE_VLLM_POLICY"):
         opts["policy"] = os.environ["SPECMOE_VLLM_POLICY"]
-    unknown = sorted(set(opts) - {"policy", "expert_cost", "online", "log", "clock"})
+    unknown = sorted(set(opts) - set(OPTIONS))
     if unknown:
-        raise PolicyFileError(f"additional_config['specmoe']: unknown key '{unknown[0]}' (known: policy, "
-                              f"expert_cost, online, log, clock)")
+        raise PolicyFileError(f"additional_config['specmoe']: unknown key '{unknown[0]}' (known: "
+                              f"{', '.join(OPTIONS)})")
     if opts.get("clock", "wall") not in ("wall", "process"):
         raise PolicyFileError(f"additional_config['specmoe']['clock'] is {opts['clock']!r}: give 'wall' or "
                               f"'process'")
@@ -66,9 +72,10 @@ class SpecMoEScheduler(Scheduler):
         super().__init__(vllm_config, *args, **kwargs)
         opts = options_from(vllm_config)
         spec = load_policy(opts["policy"])
+        plain, _ = skipping_wanted(vllm_config)
         self.specmoe_policy = GoodputPolicy(spec, self.num_spec_tokens, expert_cost=bool(opts.get("expert_cost",
                                                                                                    True)),
-                                            online=bool(opts.get("online", True)))
+                                            online=bool(opts.get("online", True)), plain_steps=plain)
         self._log = open(opts["log"], "a") if opts.get("log") else None
         self._clock = time.process_time if opts.get("clock") == "process" else time.perf_counter
         self._pending: dict[str, Any] | None = None  # the last step's decision, until its time is known

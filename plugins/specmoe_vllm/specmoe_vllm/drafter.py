@@ -1,0 +1,345 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Plain steps under speculation: no drafter pass, no rejection sampler, where a step proposes and verifies nothing.
+
+vLLM 0.32's V1 model runner (GPU and CPU) runs the EAGLE drafter after every target pass once speculation is
+configured, also when the step's proposal length (``num_spec_tokens_to_schedule``) is 0: its first pass writes the
+draft's KV cache for the step's tokens (``SpecDecodeBaseProposer.propose``, "The prefill forward pass above already
+ran to keep the drafter KV cache in sync"), and every step samples through the rejection sampler, drafts or not
+(``GPUModelRunner._prepare_inputs`` builds speculative metadata whenever ``speculative_config`` is set). So a step
+where specmoe's policy turns speculation off costs more than plain decoding (measured on the demo: 4.04 vs 2.77 ms
+per token, README of the plugin).
+
+:class:`HoldingProposer` (a subclass of vLLM's ``EagleProposer``, put in place of it by :func:`install`, which the
+plugin's ``vllm.general_plugins`` entry point calls) removes both costs while the draft's KV stays what vLLM would
+have written:
+
+* a step whose proposal length is 0 does not run the drafter: it *holds* the rows the first pass would have
+  consumed (per request its verified tokens: input token, position, the target's hidden states, KV slot);
+* the next step that runs the drafter prepends each request's held rows to its own (they are contiguous positions
+  of the same request, so the first pass's one-token shift pairs them exactly as the skipped passes would have):
+  one pass writes the draft KV of the held positions and of the step, then drafts as usual;
+* a step in which no request holds a draft takes vLLM's plain sampler (``spec_decode_metadata`` None), as without
+  speculation.
+
+Lossless by construction: the target's verification decides every committed token; the drafter only proposes.
+Held rows that cannot be replayed (the request was recomputed after preemption, or the catch-up would not fit the
+drafter's token buffer, or a verifying step would need them) are dropped and counted (``dropped_rows``): the draft
+then reads stale KV at those positions, which can lower acceptance, never change the output.
+
+Enabled with the plugin's options (``additional_config["specmoe"]``, ``skip_drafter``, default true) for the
+default EAGLE pathway only: method ``eagle`` / ``eagle3`` / ``mtp``, text-only, no M-RoPE, no parallel drafting,
+padded drafter batch, data parallel size 1 (other ranks would wait on the drafter's collectives), no recurrent
+(hybrid) layers. Anything else keeps vLLM's own behaviour. Tested with vLLM 0.32 (V1 model runner); the V2 model
+runner (vLLM's GPU default where it applies) is not hooked.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import logging
+import sys
+from typing import Any
+
+__all__ = ["install", "skipping_wanted", "RUNNER_MODULE"]
+
+RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+_log = logging.getLogger("specmoe_vllm")
+
+
+def skipping_wanted(vllm_config: Any) -> tuple[bool, str]:
+    """Whether the plugin is configured with ``skip_drafter`` on, and the configuration allows it (why not)."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    opts = extra.get("specmoe") if isinstance(extra, dict) else None
+    if not isinstance(opts, dict) or not opts.get("skip_drafter", True):
+        return False, "off"
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or spec.method not in ("eagle", "eagle3", "mtp"):
+        return False, f"method {getattr(spec, 'method', None)!r} (eagle, eagle3, mtp only)"
+    if getattr(spec, "parallel_drafting", False) or getattr(spec, "disable_padded_drafter_batch", False):
+        return False, "parallel drafting / unpadded drafter batch"
+    if vllm_config.parallel_config.data_parallel_size > 1:
+        return False, "data parallel > 1"
+    mc = vllm_config.model_config
+    for flag in ("is_hybrid", "has_inner_state", "uses_mrope", "supports_multimodal_inputs"):
+        if getattr(mc, flag, False):
+            return False, f"the target's model_config.{flag}"
+    return True, "on"
+
+
+class _Held:
+    """Per request, the rows the skipped first passes would have consumed, in position order."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[Any, Any, Any, Any]] = []  # (tokens, positions, hidden, slots), cloned
+        self.rows: dict[str, list[tuple[int, int, int]]] = {}  # req -> [(chunk, start, count)]
+        self.last: dict[str, int] = {}  # req -> last held position
+        self.total = 0
+        self.dropped = 0
+
+    def drop(self, req: str, lost: bool = True) -> None:
+        """Forget a request's rows; ``lost``: they were not replayed (its draft KV there stays stale)."""
+        n = sum(c for _, _, c in self.rows.pop(req, ()))
+        self.last.pop(req, None)
+        self.total -= n
+        self.dropped += n if lost else 0
+        if not self.rows:
+            self.chunks.clear()
+            self.total = 0
+
+
+def _make_class(base: type) -> type:
+    import numpy as np
+    import torch
+
+    class HoldingProposer(base):  # type: ignore[misc, valid-type]
+        """vLLM's EAGLE proposer that holds the rows of steps proposing nothing (module docstring)."""
+
+        def __init__(self, vllm_config: Any, device: Any, runner: Any = None, *args: Any, **kwargs: Any):
+            super().__init__(vllm_config, device, runner, *args, **kwargs)
+            on, why = skipping_wanted(vllm_config)
+            self.specmoe_skip = bool(on and runner is not None and not self.needs_extra_input_slots)
+            self.specmoe_held = _Held()
+            self.specmoe_stats = {"skipped_steps": 0, "catch_up_rows": 0, "plain_steps": 0}
+            self._specmoe_runner = runner
+            if self.specmoe_skip:
+                _wrap_prepare_inputs(runner, self.specmoe_stats)
+                _wrap_propose(runner, self)
+            elif why != "off":
+                _log.warning("specmoe_vllm: skip_drafter is off here: %s", why)
+
+        def propose(self, num_speculative_tokens: int, target_token_ids: Any, target_positions: Any,
+                    target_hidden_states: Any, next_token_ids: Any, token_indices_to_sample: Any,
+                    common_attn_metadata: Any, sampling_metadata: Any, mm_embed_inputs: Any = None,
+                    num_rejected_tokens_gpu: Any = None, slot_mappings: Any = None) -> Any:
+            kw = dict(num_speculative_tokens=num_speculative_tokens, target_token_ids=target_token_ids,
+                      target_positions=target_positions, target_hidden_states=target_hidden_states,
+                      next_token_ids=next_token_ids, token_indices_to_sample=token_indices_to_sample,
+                      common_attn_metadata=common_attn_metadata, sampling_metadata=sampling_metadata,
+                      mm_embed_inputs=mm_embed_inputs, num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+                      slot_mappings=slot_mappings)
+            cad = common_attn_metadata
+            # off, multimodal inputs, or padded rows (CUDA graphs): vLLM's own way
+            if not self._specmoe_active(cad) or mm_embed_inputs is not None:
+                return super().propose(**kw)
+            req_ids, qsl, _, held_now = self._specmoe_try_hold(num_speculative_tokens, target_token_ids,
+                                                                target_positions, target_hidden_states,
+                                                                token_indices_to_sample, cad)
+            if held_now is not None:
+                return held_now
+            held = self.specmoe_held
+            pending = [r for r in req_ids if r in held.rows]
+            if pending:
+                verifying = token_indices_to_sample is not None or num_rejected_tokens_gpu is not None
+                n_held = sum(c for r in pending for _, _, c in held.rows[r])
+                if verifying or n_held + qsl[-1] > self.max_num_tokens:
+                    for r in pending:
+                        held.drop(r)
+                else:
+                    (kw["target_token_ids"], kw["target_positions"], kw["target_hidden_states"],
+                     kw["common_attn_metadata"]) = self._merge(req_ids, qsl, target_token_ids, target_positions,
+                                                               target_hidden_states, cad)
+            return super().propose(**kw)
+
+        # ---------------------------------------------------------------- the held rows
+        def _specmoe_active(self, cad: Any) -> bool:
+            return self.specmoe_skip and cad.batch_size() == self._specmoe_runner.input_batch.num_reqs
+
+        def _specmoe_try_hold(self, num_speculative_tokens: int, tokens: Any, positions: Any, hidden: Any,
+                              token_indices_to_sample: Any, cad: Any) -> tuple[list[str], list[int], Any, Any]:
+            """The step's requests, query starts and positions; and, where the step proposes nothing and its
+            rows fit, the empty proposal after holding them (else None)."""
+            held = self.specmoe_held
+            self._forget_finished()
+            b = cad.batch_size()
+            req_ids = list(self._specmoe_runner.input_batch.req_ids[:b])
+            qsl = cad.query_start_loc_cpu[: b + 1].tolist()
+            # per request its last verified row (the rest of a verifying step's rows were rejected)
+            ends = (token_indices_to_sample.tolist() if token_indices_to_sample is not None
+                    else [e - 1 for e in qsl[1:]])
+            pos = positions[: qsl[-1]].cpu()
+            for r, s in zip(req_ids, qsl):  # recomputed (preempted) or otherwise not contiguous: cannot replay
+                if r in held.rows and held.last[r] + 1 != int(pos[s]):
+                    held.drop(r)
+            keep = sum(e - s + 1 for s, e in zip(qsl, ends))
+            if num_speculative_tokens != 0 or held.total + keep > self.max_num_tokens // 2:
+                return req_ids, qsl, pos, None
+            self._hold(req_ids, qsl, ends, pos, tokens, hidden, cad.slot_mapping)
+            self.specmoe_stats["skipped_steps"] += 1
+            return req_ids, qsl, pos, torch.empty(b, 0, device=tokens.device, dtype=torch.int64)
+
+        def specmoe_skip_step(self, scheduler_output: Any, hidden_states: Any, aux_hidden_states: Any,
+                              cad: Any) -> Any:
+            """The runner's side (:func:`_wrap_propose`): a step that verified nothing and proposes nothing is
+            held before vLLM prepares the drafter's inputs; None where it cannot be (vLLM's way then)."""
+            runner = self._specmoe_runner
+            if not self._specmoe_active(cad):
+                return None
+            n = int(cad.query_start_loc_cpu[cad.batch_size()])
+            if runner.use_aux_hidden_state_outputs:
+                hidden = torch.cat([h[:n] for h in aux_hidden_states], dim=-1)
+            else:
+                hidden = hidden_states[:n]
+            return self._specmoe_try_hold(0, runner.input_ids.gpu[:n], runner._get_positions(n), hidden, None,
+                                          cad)[3]
+
+        def _forget_finished(self) -> None:
+            held = self.specmoe_held
+            live = self._specmoe_runner.requests
+            for r in [r for r in held.rows if r not in live]:
+                held.drop(r, lost=False)  # finished: nobody drafts from its rows again
+
+        def _hold(self, req_ids: list[str], qsl: list[int], ends: list[int], pos: Any, tokens: Any,
+                  hidden: Any, slots: Any) -> None:
+            held = self.specmoe_held
+            idx = np.concatenate([np.arange(s, e + 1) for s, e in zip(qsl[:-1], ends)])
+            ix = None if len(idx) == qsl[-1] else torch.from_numpy(idx).to(tokens.device)
+
+            def sel(t: Any) -> Any:  # a copy: vLLM reuses its buffers next step
+                return t[: qsl[-1]].clone() if ix is None else t.index_select(0, ix)
+
+            c = len(held.chunks)
+            held.chunks.append((sel(tokens), sel(pos.to(tokens.device)), sel(hidden), sel(slots)))
+            off = 0
+            for r, s, e in zip(req_ids, qsl[:-1], ends):
+                n = e - s + 1
+                held.rows.setdefault(r, []).append((c, off, n))
+                held.last[r] = int(pos[e])
+                off += n
+                held.total += n
+
+        def _merge(self, req_ids: list[str], qsl: list[int], tokens: Any, positions: Any, hidden: Any,
+                   cad: Any) -> tuple[Any, Any, Any, Any]:
+            """The step's rows with each request's held rows in front; its attention metadata to match."""
+            held = self.specmoe_held
+            base = np.cumsum([0] + [len(ch[0]) for ch in held.chunks])
+            cur = int(base[-1])
+            index, lens = [], []
+            for i, r in enumerate(req_ids):
+                parts = [np.arange(base[c] + o, base[c] + o + n) for c, o, n in held.rows.get(r, ())]
+                parts.append(np.arange(cur + qsl[i], cur + qsl[i + 1]))
+                seg = np.concatenate(parts)
+                index.append(seg)
+                lens.append(len(seg))
+            caught = sum(lens) - qsl[-1]
+            dev = tokens.device
+            n = qsl[-1]
+            ix = torch.from_numpy(np.concatenate(index)).to(dev)
+
+            def cat(j: int, cur_t: Any) -> Any:
+                return torch.cat([ch[j] for ch in held.chunks] + [cur_t[:n].to(held.chunks[0][j].dtype)]
+                                 ).index_select(0, ix)
+
+            new_tokens, new_pos = cat(0, tokens), cat(1, positions)
+            new_hidden, new_slots = cat(2, hidden), cat(3, cad.slot_mapping)
+            new_qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+            qsl_cpu = torch.from_numpy(new_qsl)
+            new_cad = cad.replace(query_start_loc=qsl_cpu.to(dev), query_start_loc_cpu=qsl_cpu,
+                                  num_actual_tokens=int(new_qsl[-1]), max_query_len=int(max(lens)),
+                                  slot_mapping=new_slots,
+                                  positions=new_pos if cad.positions is not None else None,
+                                  _num_computed_tokens_cache=None, _token_to_req_indices_cache=None)
+            for r in req_ids:
+                if r in held.rows:
+                    held.total -= sum(c for _, _, c in held.rows.pop(r))
+                    held.last.pop(r, None)
+            if not held.rows:
+                held.chunks.clear()
+                held.total = 0
+            self.specmoe_stats["catch_up_rows"] += caught
+            return new_tokens, new_pos, new_hidden, new_cad
+
+    HoldingProposer.__name__ = HoldingProposer.__qualname__ = "HoldingProposer"
+    return HoldingProposer
+
+
+def _wrap_prepare_inputs(runner: Any, stats: dict[str, int]) -> None:
+    """A step in which no request holds a draft prepares its inputs as without speculation: plain logits
+    indices, no speculative metadata, so vLLM's plain sampler samples it (the only use of
+    ``speculative_config`` in ``GPUModelRunner._prepare_inputs`` is that choice)."""
+    original = runner._prepare_inputs
+
+    def _prepare_inputs(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(scheduler_output.scheduled_spec_decode_tokens.values()):
+            return original(scheduler_output, *args, **kwargs)
+        stats["plain_steps"] += 1
+        spec, runner.speculative_config = runner.speculative_config, None
+        try:
+            return original(scheduler_output, *args, **kwargs)
+        finally:
+            runner.speculative_config = spec
+
+    runner._prepare_inputs = _prepare_inputs
+
+
+def _wrap_propose(runner: Any, drafter: Any) -> None:
+    """A step that verified nothing and proposes nothing holds its rows before vLLM prepares the drafter's
+    inputs (the next tokens, the copies for asynchronous scheduling): without asynchronous scheduling, whose
+    bookkeeping rides on that preparation, and for targets that feed the drafter their own hidden states."""
+    original = runner.propose_draft_token_ids
+    direct: list[bool] = []  # decided at the first step (the model and the async copies exist by then)
+
+    def propose_draft_token_ids(scheduler_output: Any, sampled_token_ids: Any, sampling_metadata: Any,
+                                hidden_states: Any, sample_hidden_states: Any, aux_hidden_states: Any,
+                                spec_decode_metadata: Any, common_attn_metadata: Any, slot_mappings: Any) -> Any:
+        if not direct:
+            direct.append(getattr(runner, "valid_sampled_token_count_event", None) is None
+                          and not hasattr(runner.get_model(), "get_mtp_target_hidden_states"))
+        if direct[0] and scheduler_output.num_spec_tokens_to_schedule == 0 and spec_decode_metadata is None:
+            out = drafter.specmoe_skip_step(scheduler_output, hidden_states, aux_hidden_states,
+                                            common_attn_metadata)
+            if out is not None:
+                return out
+        return original(scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+                        sample_hidden_states, aux_hidden_states, spec_decode_metadata, common_attn_metadata,
+                        slot_mappings)
+
+    runner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def _patch(module: Any) -> None:
+    base = getattr(module, "EagleProposer", None)
+    if base is None or getattr(base, "__name__", "") == "HoldingProposer":
+        return
+    module.EagleProposer = _make_class(base)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Patches the runner module right after it executes (wherever vLLM first imports it)."""
+
+    def __init__(self) -> None:
+        self._spec: Any = None
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != RUNNER_MODULE or self._spec is not None:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        self._spec = spec
+        self._inner = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec: Any) -> Any:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._inner.exec_module(module)
+        _patch(module)
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def install() -> None:
+    """Put :class:`HoldingProposer` in place of the runner's ``EagleProposer`` (now, or when it is imported). It
+    acts only where :func:`skipping_wanted`; otherwise it is vLLM's proposer."""
+    mod = sys.modules.get(RUNNER_MODULE)
+    if mod is not None:
+        _patch(mod)
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
