@@ -67,7 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from specmoe.evaluation.report_tables import compare
+    from specmoe.peer.compare import compare  # the cell tables, then bench peer's engine rows
     from specmoe.tracking.runs import resolve_uri
 
     text = compare(
