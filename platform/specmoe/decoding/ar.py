@@ -1,10 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Plain autoregressive decoding with the model's own KV cache and masks: the reference for correctness
-(speculative output must equal it at T = 0) and for speed (speedup is relative to it).
+"""Plain autoregressive decoding: the reference for correctness (speculative output must equal it at T = 0)
+and for speed (speedup is relative to it).
 
-It is an honest baseline: the same cache machinery as ``model.generate`` (the model's own cache), logits of
-the prompt pass at the last position only (as ``generate``), one host read per step at T = 0, and the analysis
-(unique experts) after the timed region.
+It is an honest baseline: one token per pass through the same target forward as the speculative engine's
+verification (:meth:`Target.forward` with its preallocated KV state; for Hugging Face models the lean decoder
+where the architecture allows, see :mod:`specmoe.models.lean`), so a speedup measures speculation, not a
+slower reference. Logits of the prompt pass at each row's last position only (as ``generate``), one host read
+per step at T = 0, and the analysis (unique experts) after the timed region. ``transformers``' own ``generate``
+is the library's reference (``Target.native_generate``; ``platform bench engine`` times both, and the tests
+check that the two paths agree).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import torch
 
 from specmoe.decoding.analysis import experts_per_layer
 from specmoe.decoding.clock import PhaseClock, device_sync
-from specmoe.decoding.engine import next_tokens
+from specmoe.decoding.engine import next_tokens, pad_rows
 from specmoe.decoding.inputs import check_ar
 from specmoe.decoding.records import Generation, StepRecord
 from specmoe.decoding.stopping import StopRule
@@ -36,39 +40,33 @@ def ar_generate(target: Target, prompts: Sequence[Sequence[int]], *, temperature
     dev = target.device
     bsz = len(prompts)
     gen = torch.Generator(device=dev).manual_seed(seed)
-    m = max(len(p) for p in prompts)
-    ids = torch.zeros(bsz, m, dtype=torch.long)
-    mask = torch.zeros(bsz, m, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, m - len(p):] = torch.tensor(list(p))
-        mask[b, m - len(p):] = 1
-    ids, mask = ids.to(dev), mask.to(dev)
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    cache = target.new_standard_cache()
+    lens = [len(p) for p in prompts]
+    ids, valid = pad_rows(prompts, dev)
+    m = ids.shape[1]
+    positions = torch.arange(m, device=dev).expand(bsz, m)
+    last = torch.tensor(lens, device=dev)[:, None] - 1
     timer = PhaseClock(dev, clock)
     device_sync(dev)
     start = timer.mark()
-    padded = len({len(p) for p in prompts}) > 1  # without padding the model needs no 2D mask (cheaper masks)
-    out = target.forward_standard(ids, mask if padded else None, positions, cache, logits_to_keep=1)
+    kv = target.new_kv(bsz, capacity=m + stop.max_new_tokens + 1)
+    out = target.forward(ids, kv, positions, None, valid, logits_at=last)
     outputs: list[list[int]] = [[] for _ in range(bsz)]
     active = [True] * bsz
-    nxt = next_tokens(out.logits[:, -1], temperature, gen, range(bsz))
+    nxt = next_tokens(out.logits[:, 0], temperature, gen, range(bsz))
     for b in range(bsz):
         if stop.extend(outputs[b], [nxt[b]]):
             active[b] = False
     prefill_end = timer.mark()
-    pos = positions[:, -1:]
-    ones = torch.ones(bsz, 1, dtype=mask.dtype, device=dev)
+    pos = last
+    attend = torch.ones(bsz, 1, 1, dtype=torch.bool, device=dev)
     records: list[StepRecord] = []
     routings: list[tuple[torch.Tensor, list[bool]]] = []
     marks: list[tuple[int, int, int]] = []
     while any(active):
         t0 = timer.mark()
         pos = pos + 1
-        if padded:
-            mask = torch.cat([mask, ones], dim=1)
         step_ids = torch.tensor(nxt, dtype=torch.long).to(dev, non_blocking=True)[:, None]
-        out = target.forward_standard(step_ids, mask if padded else None, pos, cache, capture_routing=capture_routing)
+        out = target.forward(step_ids, kv, pos, attend, capture_routing=capture_routing)
         t1 = timer.mark()
         rows = [b for b in range(bsz) if active[b]]
         routings.append((out.routing, list(active)))

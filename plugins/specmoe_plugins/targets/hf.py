@@ -30,6 +30,7 @@ from specmoe.interfaces.target import Target, TargetOutput, TargetParts
 from specmoe.models import attention, linear
 from specmoe.models.expert_bytes import ExpertBytes, expert_bytes
 from specmoe.models.hf_masks import MaskSpec
+from specmoe.models.lean import LeanDecoder
 
 __all__ = ["HFTarget", "hf_expert_bytes"]
 
@@ -103,6 +104,11 @@ class HFTarget(Target):
         fast_linear: bool = True
         """route the model's linear layers through :func:`specmoe.models.linear.linear` (on CPUs, 2-8 rows take
         the faster BLAS orientation; elsewhere ``F.linear``)."""
+        lean: bool = True
+        """run the engine's passes (verification, drafting over the target, the autoregressive reference)
+        through :class:`specmoe.models.lean.LeanDecoder` where the architecture allows (the model's own modules
+        without ``transformers``' per-layer glue); ``false`` or an unsupported architecture: the model's own
+        forward."""
         cache_dir: str = ".specmoe_cache/tiny_targets"
         local_files_only: bool = False
 
@@ -111,6 +117,7 @@ class HFTarget(Target):
         self.model: Any = None
         self.tokenizer: Any = None
         self._capture: list[torch.Tensor] | None = None
+        self._lean: LeanDecoder | None = None
         self._hooks: list[Any] = []
         self._checkpoint_config: Any = None
         self.load()
@@ -226,6 +233,7 @@ class HFTarget(Target):
         for ex_mod in self._experts:
             self._hooks.append(ex_mod.register_forward_pre_hook(self._routing_hook))
         self._eos = self._collect_eos()
+        self._lean = LeanDecoder.build(self.model) if self.config.lean else None
 
     def _collect_eos(self) -> list[int]:
         ids: list[int] = []
@@ -367,17 +375,21 @@ class HFTarget(Target):
         mask = self._masks.build(kv, positions, attend, valid, self.dtype, cached_attend)
         self._capture = [] if capture_routing else None
         try:
-            out = self.model.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                                   cache=kv.cache, use_cache=True, output_hidden_states=bool(hidden_layers))
+            if self._lean is not None:
+                last, states = self._lean(input_ids, positions, kv.cache, mask, hidden_layers)
+            else:
+                out = self.model.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                       cache=kv.cache, use_cache=True, output_hidden_states=bool(hidden_layers))
+                last, states = out.last_hidden_state, out.hidden_states
             routing = self._routing(b, n) if capture_routing else None
         finally:
             self._capture = None
         kv.append(positions, valid)
-        last = out.last_hidden_state
         if logits_at is not None:
             last = last.gather(1, logits_at.to(last.device)[:, :, None].expand(-1, -1, last.shape[-1]))
-        logits = self._home(self.model.get_output_embeddings()(last)).float()
-        hidden = self._hidden(out.hidden_states, hidden_layers) if hidden_layers else None
+        head = self._lean.logits if self._lean is not None else self.model.get_output_embeddings()
+        logits = self._home(head(last)).float()
+        hidden = self._hidden(states, hidden_layers) if hidden_layers else None
         return TargetOutput(logits=logits, hidden=hidden, routing=routing)
 
     def new_standard_cache(self) -> Any:
