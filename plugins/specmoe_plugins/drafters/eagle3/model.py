@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from specmoe.errors import UserError
+from specmoe.models.linear import FusedLinear
 
 __all__ = ["ARCHITECTURE", "Eagle3Config", "Eagle3Model", "RMSNorm", "attend", "capture_indices",
            "default_aux_layer_ids"]
@@ -244,9 +245,21 @@ class _MLP(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
         self.act = ACT2FN[c.hidden_act]
+        self._fused: dict[str, FusedLinear] = {}
+
+    def fused(self, name: str, layers: list[nn.Linear], keep_float: bool = False) -> FusedLinear:
+        """Inference projections over this draft's own layers (:class:`~specmoe.models.linear.FusedLinear`),
+        made on first use (not parameters: ``state_dict`` is unchanged)."""
+        f = self._fused.get(name)
+        if f is None:
+            f = self._fused[name] = FusedLinear(layers, keep_float=keep_float)
+        return f
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if torch.is_grad_enabled():
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.fused("gate_up", [self.gate_proj, self.up_proj])(x).chunk(2, dim=-1)
+        return self.fused("down", [self.down_proj])(self.act(gate) * up)
 
 
 class _MidLayer(nn.Module):
@@ -313,7 +326,8 @@ class Eagle3Model(nn.Module):
         passes."""
         if features.shape[-1] == self.config.hidden_size:
             return features
-        return self.fc(features.to(self.fc.weight.dtype))
+        fc = self.fc if torch.is_grad_enabled() else self.midlayer.mlp.fused("fc", [self.fc])
+        return fc(features.to(self.fc.weight.dtype))
 
     def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """Queries, keys, values (RoPE applied) and the residual of one step.
@@ -331,9 +345,15 @@ class Eagle3Model(nn.Module):
         x = torch.cat([layer.input_layernorm(emb), h_norm], dim=-1)
         b, n, _ = x.shape
         att = layer.self_attn
-        q = att.q_proj(x).view(b, n, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = att.k_proj(x).view(b, n, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = att.v_proj(x).view(b, n, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        hq, hkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        if torch.is_grad_enabled():
+            q, k, v = att.q_proj(x), att.k_proj(x), att.v_proj(x)
+        else:  # one product over the three projections' weights (the same sums)
+            q, k, v = layer.mlp.fused("qkv", [att.q_proj, att.k_proj, att.v_proj])(x).split(
+                [hq * d, hkv * d, hkv * d], dim=-1)
+        q = q.reshape(b, n, hq, d).transpose(1, 2)
+        k = k.reshape(b, n, hkv, d).transpose(1, 2)
+        v = v.reshape(b, n, hkv, d).transpose(1, 2)
         cos, sin = self.rotary(x, positions)
         cos, sin = cos[:, None], sin[:, None]
         q = q * cos + _rotate_half(q) * sin
@@ -344,12 +364,15 @@ class Eagle3Model(nn.Module):
         """``attn [B, Hq, N, D]`` -> the step output ``[B, N, H]`` (pre-norm; the next step's hidden)."""
         layer = self.midlayer
         b, _, n, _ = attn.shape
-        h = residual + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, n, -1))
+        o_proj = layer.self_attn.o_proj if torch.is_grad_enabled() else layer.mlp.fused("o", [layer.self_attn.o_proj])
+        h = residual + o_proj(attn.transpose(1, 2).reshape(b, n, -1))
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., H]`` -> ``[..., V_draft]`` float32 draft-vocabulary logits."""
-        return self.lm_head(self.norm(hidden)).float()
+        if torch.is_grad_enabled():
+            return self.lm_head(self.norm(hidden)).float()
+        return self.midlayer.mlp.fused("lm_head", [self.lm_head], keep_float=True)(self.norm(hidden)).float()
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
              past_k: Optional[torch.Tensor], past_v: Optional[torch.Tensor], allowed: torch.Tensor):
