@@ -128,10 +128,13 @@ class VllmPeer(Stage):
                               env=run_env, capture_output=True, text=True, cwd=str(out_dir))
         (out_dir / f"{tag}.log").write_text(proc.stderr[-200000:])
         if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-12:])
+            lines = proc.stderr.strip().splitlines() or ["(no output)"]
             if fatal:
+                tail = "\n".join(lines[-12:])
                 raise UserError(f"vllm_peer: vLLM ({py}) failed on the {tag} pass (exit {proc.returncode}):\n{tail}")
-            return {"error": tail, "runs": []}
+            # vLLM's reason (its last error line and the one after it); the whole log is {tag}.log
+            at = next((i for i in range(len(lines) - 1, -1, -1) if "Error" in lines[i]), len(lines) - 1)
+            return {"error": " ".join(ln.strip() for ln in lines[at:at + 2]), "runs": []}
         return json.loads((out_dir / f"{tag}.json").read_text())
 
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
