@@ -83,7 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="build_token_table stage directory: the bench exports the plugin's policy per pass")
     p.add_argument("--cost-model", default=None, help="calibrate_cost's cost_model.json for that policy (optional)")
     p.add_argument("--plugin-variants", default="plugin,plugin_tokens",
-                   help="plugin rows: plugin (expert-aware) and/or plugin_tokens (token-only)")
+                   help="plugin rows: plugin (expert-aware), plugin_tokens (token-only), plugin_noskip "
+                        "(expert-aware, the drafter run on steps that propose nothing)")
     p.add_argument("--plugin-clock", default="process", choices=("process", "wall"),
                    help="how the plugin's online cost refit times vLLM's steps: the engine process's CPU time "
                         "(default: load-independent on a shared machine) or wall clock")
@@ -190,8 +191,9 @@ def _check_args(args: argparse.Namespace) -> list[str]:
     check_draft(args.drafter_path)
     _cells(args)
     variants = [v.strip() for v in args.plugin_variants.split(",") if v.strip()]
-    if any(v not in ("plugin", "plugin_tokens") for v in variants):
-        raise UserError(f"bench peer: --plugin-variants {args.plugin_variants!r}: give plugin and/or plugin_tokens")
+    if any(v not in ("plugin", "plugin_tokens", "plugin_noskip") for v in variants):
+        raise UserError(f"bench peer: --plugin-variants {args.plugin_variants!r}: give any of plugin, plugin_tokens, "
+                        f"plugin_noskip")
     if args.plugin_policy and not Path(args.plugin_policy).is_file():
         raise UserError(f"bench peer: --plugin-policy {args.plugin_policy} does not exist; write one with "
                         f"platform peer export-policy")
@@ -275,8 +277,8 @@ def run_vllm_plugin(args: argparse.Namespace, prompts: list[list[int]], workdir:
         Path(policy).write_text(json.dumps(pol))
     variants = [v.strip() for v in args.plugin_variants.split(",") if v.strip()]
     configs = [{"name": v, "num_speculative_tokens": args.max_drafts,
-                "plugin": {"policy": str(Path(policy).resolve()), "expert_cost": v == "plugin",
-                           "clock": args.plugin_clock}} for v in variants]
+                "plugin": {"policy": str(Path(policy).resolve()), "expert_cost": v != "plugin_tokens",
+                           "skip_drafter": v != "plugin_noskip", "clock": args.plugin_clock}} for v in variants]
     out = run_vllm(args, prompts, workdir, f"plugin_{tag}", configs)
     out["policy"] = json.loads(Path(policy).read_text()).get("cost")
     return out
