@@ -68,6 +68,7 @@ def test_cell_of_an_adaptive_method_keeps_its_calibration(make_target):
     """Evaluation path: a goodput method's batches record the selector's calibration and the AR floor's
     decisions; the cell keeps the last batch's and is flagged adaptive; a fixed selector's cell has none."""
     from specmoe.config.schema import Component, MethodConfig
+    from specmoe.decoding.settings import DecodeSettings
     from specmoe.decoding.stopping import StopRule
     from specmoe.evaluation.cell import build_cell, run_batch
     from specmoe.evaluation.method import Method
@@ -75,14 +76,14 @@ def test_cell_of_an_adaptive_method_keeps_its_calibration(make_target):
 
     target = make_target("qwen3_moe")
     drafter = Component("draft_model", {"share_target": True}, "drafter")
-    kw = dict(budget=4, temperature=0.0, steps=2, top_k=2, stop=StopRule(12), seed=0)
+    settings = DecodeSettings(budget=4, temperature=0.0, steps=2, top_k=2, stop=StopRule(12), seed=0)
     render = lambda s, turn, prev: [3 + int(s.id), 5, 7, 11]  # noqa: E731
     for sel, adaptive in (("goodput", True), ("confidence", False)):
         cfg = MethodConfig(name=sel, drafter=drafter, selector=Component(sel, {"expert_cost": False}
                                                                           if adaptive else {}, "selector"))
         method = Method(cfg, target, lambda x: x)
         assert method.adaptive == adaptive
-        batches = [run_batch(method, [Sample(str(i), ["q"])], render, str, **kw) for i in range(2)]
+        batches = [run_batch(method, [Sample(str(i), ["q"])], render, str, settings) for i in range(2)]
         cell, _ = build_cell(batches, method=sel, dataset="d", temperature=0.0, budget=4, batch_size=1,
                              autoregressive=False, analysis_only=False, bytes_per_expert=1, num_moe_layers=1,
                              adaptive=method.adaptive)

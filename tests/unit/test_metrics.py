@@ -12,6 +12,7 @@ import torch
 
 from specmoe.config.schema import Component, MethodConfig
 from specmoe.decoding.engine import experts_per_layer, routing_stats
+from specmoe.decoding.settings import DecodeSettings
 from specmoe.decoding.stopping import StopRule
 from specmoe.errors import CellFailed
 from specmoe.evaluation.cell import build_cell, run_batch
@@ -144,8 +145,8 @@ def _decode(ids):
 def test_run_batch_multi_turn_and_e_pass(target):
     ar, sd = _methods(target)
     samples = [Sample(id="a", turns=["one", "two"]), Sample(id="b", turns=["three"])]
-    kw = dict(budget=4, temperature=0.0, steps=3, top_k=2, stop=StopRule(6), seed=0)
-    rec = run_batch(sd, samples, _render(target), _decode, **kw)
+    settings = DecodeSettings(budget=4, temperature=0.0, steps=3, top_k=2, stop=StopRule(6), seed=0)
+    rec = run_batch(sd, samples, _render(target), _decode, settings)
     a, b = rec["samples"]
     assert len(a["tokens"]) == 2 and len(b["tokens"]) == 1  # the second turn only for the 2-turn sample
     assert rec["new_tokens"] == sum(len(t) for s in rec["samples"] for t in s["tokens"]) == 18
@@ -154,16 +155,16 @@ def test_run_batch_multi_turn_and_e_pass(target):
     assert all(s["pass_experts_per_layer"][i] >= s["experts_per_layer"][i]
                for s in steps for i in range(len(s["experts_per_layer"])))
     # batch size 1 (the second turn): no padding, so E_pass = E
-    single = run_batch(sd, samples[1:], _render(target), _decode, **kw)["steps"]
+    single = run_batch(sd, samples[1:], _render(target), _decode, settings)["steps"]
     assert all(s["pass_experts_per_layer"] == s["experts_per_layer"] for s in single)
-    ar_rec = run_batch(ar, samples[1:], _render(target), _decode, **kw)
+    ar_rec = run_batch(ar, samples[1:], _render(target), _decode, settings)
     assert ar_rec["samples"][0]["tokens"] == run_batch(sd, samples[1:], _render(target), _decode,
-                                                       **kw)["samples"][0]["tokens"]  # lossless
+                                                       settings)["samples"][0]["tokens"]  # lossless
 
 
 def _group(tmp_path, target, members, samples):
     return EvalGroup(tmp_path / "g", members, samples, dataset="toy", temperature=0.0, batch_size=1,
-                     render=_render(target), decode=_decode, decoding={"steps": 3, "top_k": 2, "stop": StopRule(4)},
+                     render=_render(target), decode=_decode, decoding=DecodeSettings(1, 3, 2, 0.0, StopRule(4)),
                      warmup=0, seed=0, target_facts={"bytes_per_expert": 8, "num_moe_layers": 2})
 
 
@@ -175,11 +176,11 @@ def test_group_interleaves_rotates_and_resumes(target, tmp_path):
     def recorded(method, label, fail_at=None):  # the real method, its calls recorded
         real = method.generate
 
-        def generate(prompts, **kw):
+        def generate(prompts, settings):
             calls.append(label)
             if fail_at is not None and broken["on"] and calls.count(label) == fail_at:
                 raise RuntimeError("device lost")
-            return real(prompts, **kw)
+            return real(prompts, settings)
 
         method.generate = generate
         return lambda: method
@@ -221,9 +222,9 @@ def test_group_repeats_rotate_and_keep_the_fastest_round(target, tmp_path):
     def recorded(method, label):
         real = method.generate
 
-        def generate(prompts, **kw):
+        def generate(prompts, settings):
             calls.append(label)
-            out = real(prompts, **kw)
+            out = real(prompts, settings)
             walls[label].append(out.wall_time)
             return out
 

@@ -123,6 +123,7 @@ def test_prompts_grow_until_the_margin_is_resolved_or_the_cap(make_target, tmp_p
     grows to ``max_prompts``; the prompts added are the dataset's next ones, none twice; no margin measures
     the listed prompts only."""
     from specmoe.config.schema import Component, MethodConfig
+    from specmoe.decoding.settings import DecodeSettings
     from specmoe.decoding.stopping import StopRule
     from specmoe.evaluation.group import EvalGroup, Member
     from specmoe.evaluation.method import Method
@@ -139,7 +140,7 @@ def test_prompts_grow_until_the_margin_is_resolved_or_the_cap(make_target, tmp_p
     def group(name: str, margin: float | None, cap: int) -> list:
         g = EvalGroup(tmp_path / name, members, [pool[3], pool[0]], dataset="d", temperature=0.0, batch_size=1,
                       render=lambda s, turn, prev: [3 + int(s.id), 5, 7, 11], decode=str,
-                      decoding={"steps": 2, "top_k": 2, "stop": StopRule(4)}, warmup=0, seed=0,
+                      decoding=DecodeSettings(1, 2, 2, 0.0, StopRule(4)), warmup=0, seed=0,
                       target_facts={"bytes_per_expert": 1, "bytes_per_expert_loaded": 1, "num_moe_layers": 1},
                       margin=margin, max_prompts=cap, more=lambda: pool)
         return g.run()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Sequence
 
-from specmoe.decoding.stopping import StopRule
+from specmoe.decoding.settings import DecodeSettings
 from specmoe.evaluation.results import CellResult
 from specmoe.interfaces.dataset import Sample
 from specmoe.metrics import BatchTiming, CellData, summarize
@@ -35,27 +35,26 @@ def add_counts(a: list[list[int]] | None, b: list[list[int]] | None) -> list[lis
     return [[x + y for x, y in zip(r1, r2)] for r1, r2 in zip(a, b)]
 
 
-def warm_up(method: Any, samples: Sequence[Sample], render: Render, n: int, *, budget: int, temperature: float,
-            steps: int, top_k: int, stop: StopRule, seed: int) -> None:
+def warm_up(method: Any, samples: Sequence[Sample], render: Render, n: int, settings: DecodeSettings) -> None:
     """``n`` untimed generations of ``samples``' first turns as one batch (the cell's batch size): kernels,
     caches and allocators warm up for that shape, and an adaptive method's online models (cost, acceptance,
     its AR floor's state for the batch size) see the regime once before timing, as after the first seconds
     of a serving process. Every method of a cell gets the same warm-up."""
     prompts = [render(s, 0, []) for s in samples]
     for w in range(n):
-        method.generate(prompts, budget=budget, steps=steps, top_k=top_k, temperature=temperature,
-                        stop=stop, seed=seed + 10_000 + w)
+        method.generate(prompts, settings.replace(seed=settings.seed + 10_000 + w))
 
 
-def run_batch(method: Any, batch: Sequence[Sample], render: Render, decode: Callable[[list[int]], str], *,
-              budget: int, temperature: float, steps: int, top_k: int, stop: StopRule, seed: int) -> dict[str, Any]:
+def run_batch(method: Any, batch: Sequence[Sample], render: Render, decode: Callable[[list[int]], str],
+              settings: DecodeSettings) -> dict[str, Any]:
     """Generate ``batch`` (every turn of every sample) with ``method``.
 
     Args:
         method: a :class:`~specmoe.evaluation.method.Method` (anything with its ``generate``).
         render: ``(sample, turn_index, previous_answers) -> prompt token ids``.
         decode: token ids -> text.
-        seed: seeds sampling; turn ``t`` uses ``seed + t`` (the same for every method on this batch).
+        settings: how to decode; its ``seed`` seeds sampling, turn ``t`` uses ``seed + t`` (the same for every
+            method on this batch).
 
     Returns:
         ``{"seconds", "new_tokens", "samples": [{"id", "turns", "tokens"}], "steps": [...],
@@ -67,8 +66,7 @@ def run_batch(method: Any, batch: Sequence[Sample], render: Render, decode: Call
     for turn in range(max(len(s.turns) for s in batch)):
         rows = [i for i, s in enumerate(batch) if turn < len(s.turns)]
         prompts = [render(batch[i], turn, answers[i]) for i in rows]
-        gen = method.generate(prompts, budget=budget, steps=steps, top_k=top_k, temperature=temperature,
-                              stop=stop, seed=seed + turn)
+        gen = method.generate(prompts, settings.replace(seed=settings.seed + turn))
         seconds += gen.wall_time
         step_dicts += [s.to_dict() for s in gen.steps]
         counts = add_counts(counts, gen.expert_counts)

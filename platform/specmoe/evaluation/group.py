@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from specmoe.decoding.settings import DecodeSettings
 from specmoe.errors import CellFailed
 from specmoe.evaluation.cell import build_cell, run_batch, warm_up
 from specmoe.evaluation.results import CellResult
@@ -77,7 +78,8 @@ class EvalGroup:
         samples: the dataset's samples, in order.
         dataset, temperature, batch_size: the group's coordinates.
         render / decode: prompt rendering and detokenization.
-        decoding: ``steps``, ``top_k`` and the :class:`~specmoe.decoding.stopping.StopRule` ``stop``.
+        decoding: the recipe's :class:`~specmoe.decoding.settings.DecodeSettings` (``steps``, ``top_k``,
+            ``stop``); each member's budget, the group's temperature and the batch's seed replace its own.
         warmup, seed: untimed generations per member before its first timed batch; sampling seed.
         repeats: timed rounds of every prompt batch per member (the fastest counts).
         target_facts: ``bytes_per_expert`` (stored precision), ``bytes_per_expert_loaded`` and
@@ -88,7 +90,7 @@ class EvalGroup:
     """
 
     def __init__(self, directory: Path, members: Sequence[Member], samples: Sequence[Sample], *, dataset: str,
-                 temperature: float, batch_size: int, render: Callable, decode: Callable, decoding: dict[str, Any],
+                 temperature: float, batch_size: int, render: Callable, decode: Callable, decoding: DecodeSettings,
                  warmup: int, seed: int, target_facts: dict[str, int], progress: Any = None,
                  repeats: int = 1, margin: float | None = None, max_prompts: int = 0,
                  more: Callable[[], Sequence[Sample]] | None = None) -> None:
@@ -219,16 +221,14 @@ class EvalGroup:
         return len(self.samples) * len(self.members) * self.repeats
 
     def _run(self, m: Member, batch: list[Sample], index: int, warmed: set[str]) -> dict[str, Any]:
-        d = self.decoding
-        kw = dict(budget=m.budget, temperature=self.temperature, steps=d["steps"], top_k=d["top_k"],
-                  stop=d["stop"])
+        settings = self.decoding.replace(budget=m.budget, temperature=self.temperature, seed=self.seed)
         try:
             method = m.build()
             if m.id not in warmed:
-                warm_up(method, self.samples[:self.batch_size], self.render, self.warmup, seed=self.seed, **kw)
+                warm_up(method, self.samples[:self.batch_size], self.render, self.warmup, settings)
                 warmed.add(m.id)
-            return run_batch(method, batch, self.render, self.decode, seed=self.seed + index * 31 * self.batch_size,
-                             **kw)
+            return run_batch(method, batch, self.render, self.decode,
+                             settings.replace(seed=self.seed + index * 31 * self.batch_size))
         except Exception as exc:
             raise CellFailed(self._label(m), exc) from exc
 

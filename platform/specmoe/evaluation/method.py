@@ -9,7 +9,7 @@ from specmoe.config.schema import Component, MethodConfig
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.records import Generation
-from specmoe.decoding.stopping import StopRule
+from specmoe.decoding.settings import DecodeSettings
 
 __all__ = ["Method"]
 
@@ -74,13 +74,13 @@ class Method:
     def analysis_only(self) -> bool:
         return self.cfg.analysis_only or bool(getattr(self.predictor, "analysis_only", False))
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, budget: int, steps: int, top_k: int,
-                 temperature: float, stop: StopRule, seed: int) -> Generation:
+    def generate(self, prompts: Sequence[Sequence[int]], settings: DecodeSettings) -> Generation:
+        """Generate ``prompts`` with this method's components (``settings.budget`` etc. ignored by ``ar``)."""
         self.verifier.install(self.target)
         if self.engine is None:
-            return ar_generate(self.target, prompts, temperature=temperature, stop=stop, seed=seed)
-        return self.engine.generate(prompts, budget=budget, steps=steps, top_k=top_k, temperature=temperature,
-                                    stop=stop, seed=seed)
+            return ar_generate(self.target, prompts, temperature=settings.temperature, stop=settings.stop,
+                               seed=settings.seed)
+        return self.engine.generate(prompts, **settings.engine_kwargs())
 
 
 def component_signature(comp: Component | None, resolve_key: Callable[[Any], Any]) -> Any:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specmoe.config.schema import Component, MethodConfig, RunConfig
+from specmoe.decoding.settings import DecodeSettings
 from specmoe.decoding.stopping import StopRule
 from specmoe.errors import UserError
 from specmoe.evaluation.group import EvalGroup, Member
@@ -150,7 +151,8 @@ class Evaluator:
         facts = {"bytes_per_expert": int(self.target.bytes_per_expert_stored),
                  "bytes_per_expert_loaded": int(self.target.bytes_per_expert),
                  "num_moe_layers": int(self.target.num_moe_layers)}
-        decoding = {"steps": d.steps, "top_k": d.top_k, "stop": self._stop()}
+        decoding = DecodeSettings(budget=d.budget, steps=d.steps, top_k=d.top_k, temperature=0.0, stop=self._stop(),
+                                  seed=cfg.eval.seed)
         out = []
         for temperature in cfg.eval.temperatures:
             for bsz in cfg.eval.batch_sizes:
