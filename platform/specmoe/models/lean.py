@@ -71,6 +71,8 @@ def _unsupported(model: Any) -> str | None:
         return f"final norm {type(base.norm).__name__} is not a plain RMSNorm"
     if getattr(model.config, "rope_scaling", None) and "mrope" in str(model.config.rope_scaling):
         return "multimodal rotary embeddings"
+    if float(getattr(model.config, "partial_rotary_factor", None) or 1.0) != 1.0:
+        return "partial rotary embeddings (the lean path rotates the whole head)"
     for i, layer in enumerate(base.layers):
         attn = getattr(layer, "self_attn", None)
         if attn is None or not all(isinstance(getattr(attn, p, None), torch.nn.Linear) for p in _PROJ):

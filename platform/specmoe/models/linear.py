@@ -170,14 +170,20 @@ class FusedLinear:
     def __init__(self, layers: "list[torch.nn.Linear]", keep_float: bool = False) -> None:
         self.layers = list(layers)
         self.keep_float = keep_float
-        size = sum(m.weight.numel() for m in self.layers)
-        self.reduced = reduced_cpu(self.layers[0].weight) and size <= FP32_COPY_MAX
+        self.reduced = False
         self._stamp: tuple | None = None
         self._lin: torch.nn.Linear | None = None
 
-    def _current(self) -> torch.nn.Linear:
-        stamp = tuple((m.weight.data_ptr(), m.weight._version) for m in self.layers)
-        if stamp != self._stamp:
+    def _current(self) -> torch.nn.Linear | None:
+        """The layer to run (``None``: the single model layer as it is), rebuilt when a weight, its dtype or its
+        device changed."""
+        stamp = tuple((m.weight.data_ptr(), m.weight._version, m.weight.dtype, m.weight.device) for m in self.layers)
+        if stamp == self._stamp:
+            return self._lin
+        size = sum(m.weight.numel() for m in self.layers)
+        self.reduced = reduced_cpu(self.layers[0].weight) and size <= FP32_COPY_MAX
+        lin = None
+        if self.reduced or len(self.layers) > 1:
             w = torch.cat([m.weight.detach() for m in self.layers], dim=0)
             has_bias = self.layers[0].bias is not None
             b = torch.cat([m.bias.detach() for m in self.layers], dim=0) if has_bias else None
@@ -189,16 +195,16 @@ class FusedLinear:
             if b is not None:
                 lin.bias.data = b
             install(lin)
-            self._lin, self._stamp = lin, stamp
-        return self._lin
+        self._lin, self._stamp = lin, stamp
+        return lin
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.reduced and len(self.layers) == 1:
-            y = self.layers[0](x)
-            return y.float() if self.keep_float else y
         lin = self._current()
-        if not self.reduced:
+        if lin is None:
+            y = self.layers[0](x)
+        elif self.reduced:
+            y = lin(x.float())
+            return y if self.keep_float else y.to(x.dtype)
+        else:
             y = lin(x)
-            return y.float() if self.keep_float else y
-        y = lin(x.float())
-        return y if self.keep_float else y.to(x.dtype)
+        return y.float() if self.keep_float else y

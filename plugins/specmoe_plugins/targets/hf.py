@@ -343,6 +343,8 @@ class HFTarget(Target):
         if not self.config.device_map:
             self.model.to(device)
             self._device = self.model.get_input_embeddings().weight.device
+            if self._lean is not None:  # its precision routes depend on the device
+                self._lean = LeanDecoder.build(self.model)
 
     def parts(self) -> TargetParts:
         model, base = self.model, self.model.model

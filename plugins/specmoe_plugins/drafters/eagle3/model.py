@@ -247,19 +247,20 @@ class _MLP(nn.Module):
         self.act = ACT2FN[c.hidden_act]
         self._fused: dict[str, FusedLinear] = {}
 
-    def fused(self, name: str, layers: list[nn.Linear], keep_float: bool = False) -> FusedLinear:
-        """Inference projections over this draft's own layers (:class:`~specmoe.models.linear.FusedLinear`),
-        made on first use (not parameters: ``state_dict`` is unchanged)."""
-        f = self._fused.get(name)
-        if f is None:
-            f = self._fused[name] = FusedLinear(layers, keep_float=keep_float)
-        return f
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
             return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = self.fused("gate_up", [self.gate_proj, self.up_proj])(x).chunk(2, dim=-1)
-        return self.fused("down", [self.down_proj])(self.act(gate) * up)
+        gate, up = _fused(self._fused, "gate_up", [self.gate_proj, self.up_proj])(x).chunk(2, dim=-1)
+        return _fused(self._fused, "down", [self.down_proj])(self.act(gate) * up)
+
+
+def _fused(cache: dict[str, FusedLinear], name: str, layers: list[nn.Linear], keep_float: bool = False) -> FusedLinear:
+    """Inference projection ``name`` over a draft's own layers (:class:`~specmoe.models.linear.FusedLinear`),
+    made on first use and kept in ``cache`` (not parameters: ``state_dict`` is unchanged)."""
+    f = cache.get(name)
+    if f is None:
+        f = cache[name] = FusedLinear(layers, keep_float=keep_float)
+    return f
 
 
 class _MidLayer(nn.Module):
@@ -319,6 +320,7 @@ class Eagle3Model(nn.Module):
             self.t2d[: c.draft_vocab_size] = True
         self.rotary = LlamaRotaryEmbedding(c.llama_config())
         self.scale = 1.0 / math.sqrt(c.head_dim)
+        self._fused: dict[str, FusedLinear] = {}
 
     # ------------------------------------------------------------------ pieces of one step
     def project(self, features: torch.Tensor) -> torch.Tensor:
@@ -326,7 +328,7 @@ class Eagle3Model(nn.Module):
         passes."""
         if features.shape[-1] == self.config.hidden_size:
             return features
-        fc = self.fc if torch.is_grad_enabled() else self.midlayer.mlp.fused("fc", [self.fc])
+        fc = self.fc if torch.is_grad_enabled() else _fused(self._fused, "fc", [self.fc])
         return fc(features.to(self.fc.weight.dtype))
 
     def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
@@ -349,7 +351,7 @@ class Eagle3Model(nn.Module):
         if torch.is_grad_enabled():
             q, k, v = att.q_proj(x), att.k_proj(x), att.v_proj(x)
         else:  # one product over the three projections' weights (the same sums)
-            q, k, v = layer.mlp.fused("qkv", [att.q_proj, att.k_proj, att.v_proj])(x).split(
+            q, k, v = _fused(self._fused, "qkv", [att.q_proj, att.k_proj, att.v_proj])(x).split(
                 [hq * d, hkv * d, hkv * d], dim=-1)
         q = q.reshape(b, n, hq, d).transpose(1, 2)
         k = k.reshape(b, n, hkv, d).transpose(1, 2)
@@ -364,7 +366,9 @@ class Eagle3Model(nn.Module):
         """``attn [B, Hq, N, D]`` -> the step output ``[B, N, H]`` (pre-norm; the next step's hidden)."""
         layer = self.midlayer
         b, _, n, _ = attn.shape
-        o_proj = layer.self_attn.o_proj if torch.is_grad_enabled() else layer.mlp.fused("o", [layer.self_attn.o_proj])
+        o_proj = layer.self_attn.o_proj
+        if not torch.is_grad_enabled():
+            o_proj = _fused(self._fused, "o", [o_proj])
         h = residual + o_proj(attn.transpose(1, 2).reshape(b, n, -1))
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
@@ -372,7 +376,7 @@ class Eagle3Model(nn.Module):
         """``[..., H]`` -> ``[..., V_draft]`` float32 draft-vocabulary logits."""
         if torch.is_grad_enabled():
             return self.lm_head(self.norm(hidden)).float()
-        return self.midlayer.mlp.fused("lm_head", [self.lm_head], keep_float=True)(self.norm(hidden)).float()
+        return _fused(self._fused, "lm_head", [self.lm_head], keep_float=True)(self.norm(hidden)).float()
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
              past_k: Optional[torch.Tensor], past_v: Optional[torch.Tensor], allowed: torch.Tensor):
