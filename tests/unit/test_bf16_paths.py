@@ -8,21 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixtures.spies import count_calls
 
 from specmoe.models import linear
-
-
-def _count(monkeypatch, module, name: str) -> list[int]:
-    """Count the calls of ``module.name`` (the real function still runs)."""
-    real = getattr(module, name)
-    calls: list[int] = []
-
-    def counted(*a, **kw):
-        calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(module, name, counted)
-    return calls
 
 
 @pytest.mark.parametrize("rows", [1, 4])
@@ -30,7 +18,7 @@ def test_bf16_linear_single_rows_take_the_matrix_vector_kernel(monkeypatch, rows
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
     x = torch.randn(1, rows, 64, generator=g)
-    calls = _count(monkeypatch, linear, "single_row_reduced")
+    calls = count_calls(monkeypatch, linear, "single_row_reduced")
     with torch.no_grad():
         out = linear.linear(x.bfloat16(), w.bfloat16(), b.bfloat16())
         ref = torch.nn.functional.linear(x.bfloat16(), w.bfloat16(), b.bfloat16())
@@ -96,12 +84,14 @@ def test_prepare_restores_gpt_oss_experts_output_major_in_bf16_only():
 def test_bf16_union_experts_on_prepared_weights(monkeypatch):
     """One token and 24 tokens (experts get several rows), every row through the matrix-vector kernel, against
     the float32 model; within twice the error of the model's own bf16 eager loop."""
+    from specmoe.kernels import union_torch
     from specmoe.kernels.union_torch import prepare, union_experts_forward
 
+    monkeypatch.setattr(union_torch, "PACK_MAX_BYTES", 0)  # the unpacked route (packed: test_packed_weights.py)
     gold_model, model = _gpt_oss(torch.float32), _gpt_oss(torch.bfloat16)
     module, gold_module = model.model.layers[0].mlp.experts, gold_model.model.layers[0].mlp.experts
     prepare(module)
-    calls = _count(monkeypatch, linear, "single_row_mm")
+    calls = count_calls(monkeypatch, linear, "single_row_mm")
     g = torch.Generator().manual_seed(2)
     for t in (1, 24):
         hidden = torch.randn(t, module.gate_up_proj.shape[1], generator=g)
