@@ -26,14 +26,12 @@ PENDING: dict[str, set[str]] = {
     "bench/engine.py": {"draft_model", "eagle3", "gto", "ecospec", "router_on_embedding", "hf", "torch_union",
                         "triton_union"},  # engine bench defaults (owned by the decoding/bench engineers)
     "bench/tree.py": {"confidence", "eagle3", "router_on_embedding", "gsm8k"},  # tree bench defaults (not ours)
-    "bench/peer.py": {"eagle3", "goodput", "hf", "router_on_embedding"},  # peer-engine bench defaults
     "bench/expert_latency.py": {"hf"},  # loads the checkpoint with the hf target (eager experts); 24.2 follow-up
     # defaults of the recipe schema and CLIs: to come from the registry (a registry default, 24.2 follow-up)
     "config/schema.py": {"confidence", "hf"},
     "cli/traces.py": {"hf"},
     # drafter checkpoint-format sniffing and the vLLM peer's method names (owned by the drafting / peer engineers)
     "drafting/__init__.py": {"eagle3", "gto", "mtp"},
-    "peer/vllm_runner.py": {"eagle3"},
     # deprecated aliases (removed in 0.3.0): their __all__ names the moved function, which the stage is named after
     "traces/collect.py": {"collect_traces"},
     "traces/token_table.py": {"build_token_table"},

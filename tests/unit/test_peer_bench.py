@@ -11,9 +11,9 @@ import pytest
 import torch
 from fixtures.agreeing import bigram_eagle3, predictable_checkpoint
 
-from specmoe.bench import peer
 from specmoe.errors import UserError
 from specmoe.registry import targets
+from specmoe_plugins.peers.vllm import bench as peer
 
 
 def _args(**kw) -> argparse.Namespace:

@@ -10,11 +10,11 @@ import io
 
 import pytest
 
-from specmoe.bench import peer as bench_peer
 from specmoe.cli import compare as cli_compare
 from specmoe.errors import UserError
 from specmoe.peer import compare as pc
 from specmoe.tracking import Tracker, cell_run_name, cell_tags
+from specmoe_plugins.peers.vllm import bench as bench_peer
 
 
 def _row(gamma, tok_s, tps, agreement, batch=1, temp=0.0, **extra):

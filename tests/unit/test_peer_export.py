@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``platform peer export-policy`` (specmoe/peer/export.py): the vLLM plugin's policy file from stage files."""
+"""``platform peer export-policy`` (``specmoe_plugins/peers/vllm/export.py``): the vLLM plugin's policy file from
+stage files."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from specmoe.errors import UserError
-from specmoe.peer import export
+from specmoe_plugins.peers.vllm import export
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "specmoe_vllm"))
 from specmoe_vllm import policy as P  # noqa: E402

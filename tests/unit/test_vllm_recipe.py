@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The GPU twin of the vLLM plugin's measurement, ``recipes/gptoss120b_vllm.yaml``: it validates as a run
-validates it (``load_recipe``: its ``imports`` register the ``vllm_peer`` stage, every option is checked against
+validates it (``load_recipe``: the ``vllm_peer`` stage comes from its entry point, every option is checked against
 the stage's config, ``stage:`` references resolve), stops at once without its GPUs, and the stage's own checks
 and summary behave (no GPU, no vLLM needed)."""
 
@@ -60,7 +60,7 @@ def test_the_recipe_stops_at_once_without_its_gpus(tmp_path):
 
 
 def test_the_stage_names_a_missing_vllm_environment(monkeypatch):
-    from specmoe.peer.stage import VllmPeer
+    from specmoe_plugins.peers.vllm.stage import VllmPeer
 
     monkeypatch.delenv("SPECMOE_VLLM_PYTHON", raising=False)
     stage = VllmPeer.__new__(VllmPeer)
@@ -77,7 +77,7 @@ def test_the_stage_names_a_missing_vllm_environment(monkeypatch):
 
 
 def test_the_summary_ranks_every_configuration_against_the_best_fixed_one():
-    from specmoe.peer.stage import summarise
+    from specmoe_plugins.peers.vllm.stage import summarise
 
     def cell(tok_s, outputs, batch=1, temp=0.0, **kw):
         return {"batch": batch, "temperature": temp, "tokens_per_s": tok_s, "outputs": outputs, **kw}

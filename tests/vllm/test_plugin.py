@@ -4,20 +4,18 @@
 A tiny predictable GPT-OSS target and the EAGLE-3 draft built from its weights (``bigram_eagle3``), as
 ``test_peer_bench_vllm.py`` builds them; a token-to-experts table in the ``build_token_table`` stage's file
 format and a specmoe ``cost_model.json``, both turned into the plugin's policy file by ``platform peer
-export-policy`` (the exporter under test too). vLLM runs through ``specmoe/peer/vllm_runner.py`` (a script with a
-``__main__`` guard run by vLLM's python): no speculation, and EAGLE-3 with up to :data:`K` drafts under
-``SpecMoEScheduler`` with the expert term (``plugin``) and without (``plugin_tokens``), both skipping the drafter
-on steps that propose nothing (``specmoe_vllm.drafter``, the default), and with the expert term in vLLM's own
-way (``plugin_noskip``: every step pays the drafter's pass), at batch 1, 4 and 8 greedy, and batch 4 at T = 1.
-
-Checked: greedy outputs with the plugin equal vLLM's without speculation, every prompt, every batch size; the
-budget (greedy and T = 1): per request, the drafts vLLM verified at each step (its own
-``per_request_spec_decode_metrics: detailed`` counts) are exactly the policy's non-zero choices in order (so
-never more); and the cap is exercised (the cost file makes the policy verify fewer than K drafts in some steps
-and propose fewer in others); the drafter is skipped on steps that propose nothing and the held rows are
-replayed, none dropped. The
-policy's online cost refit is off here (``online: false``) so that its choices do not depend on the machine's
-timing. Skipped without ``SPECMOE_VLLM_PYTHON`` (``bash docker/vllm_env.sh`` prints it).
+export-policy`` (the exporter under test too). vLLM runs through ``specmoe_plugins/peers/vllm/vllm_runner.py`` (a
+script with a ``__main__`` guard run by vLLM's python): no speculation, and EAGLE-3 with up to :data:`K` drafts
+under ``SpecMoEScheduler`` with the expert term (``plugin``) and without (``plugin_tokens``), both skipping the
+drafter on steps that propose nothing (``specmoe_vllm.drafter``, the default), and with the expert term in vLLM's
+own way (``plugin_noskip``: every step pays the drafter's pass), at batch 1, 4 and 8 greedy, and batch 4 at T = 1.
+Checked: greedy outputs with the plugin equal vLLM's without speculation, every prompt, every batch size; the budget
+(greedy and T = 1): per request, the drafts vLLM verified at each step (its own ``per_request_spec_decode_metrics:
+detailed`` counts) are exactly the policy's non-zero choices in order (so never more); and the cap is exercised (the
+cost file makes the policy verify fewer than K drafts in some steps and propose fewer in others); the drafter is
+skipped on steps that propose nothing and the held rows are replayed, none dropped. The policy's online cost refit
+is off here (``online: false``) so that its choices do not depend on the machine's timing. Skipped without
+``SPECMOE_VLLM_PYTHON`` (``bash docker/vllm_env.sh`` prints it).
 """
 
 from __future__ import annotations
@@ -72,7 +70,7 @@ def served(tmp_path_factory):
     """Build the checkpoints and the policy, run vLLM once over every config and batch size: the runner's JSON."""
     import argparse
 
-    from specmoe.peer import export
+    from specmoe_plugins.peers.vllm import export
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("vllm_plugin")

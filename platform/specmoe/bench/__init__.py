@@ -13,5 +13,4 @@ BENCHES = {
     "expert_latency": "specmoe.bench.expert_latency",
     "selector": "specmoe.bench.selector",
     "tree": "specmoe.bench.tree",
-    "peer": "specmoe.bench.peer",
 }

@@ -11,7 +11,8 @@ from typing import Sequence
 
 __all__ = ["main", "SUBCOMMANDS"]
 
-#: subcommand name -> module defining ``add_parser(subparsers)`` and ``run(args) -> int``
+#: subcommand name -> module defining ``add_parser(subparsers)`` and ``run(args) -> int`` (the core's; a plugin adds
+#: its own through the entry-point group ``specmoe.commands``, :data:`specmoe.registry.commands`)
 SUBCOMMANDS = {
     "run": "specmoe.cli.run",
     "validate": "specmoe.cli.validate",
@@ -21,7 +22,6 @@ SUBCOMMANDS = {
     "bench": "specmoe.cli.bench",
     "cache": "specmoe.cli.cache",
     "traces": "specmoe.cli.traces",
-    "peer": "specmoe.peer.export",
 }
 
 
@@ -39,7 +39,25 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.add_parser(sub)
+    _plugin_commands(sub)
     return parser
+
+
+def _plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """Each plugin's subcommand (``specmoe.commands``); one that cannot be imported, or whose name a core
+    subcommand has, is left out with a warning naming it and why (the others stay usable)."""
+    from specmoe.registry import commands
+
+    for name, _target, origin in commands.entries():
+        if name in SUBCOMMANDS or "CONFLICT" in origin:
+            logging.getLogger(__name__).warning("command '%s' (%s) is left out: the name is taken", name, origin)
+            continue
+        try:
+            module = commands.get(name)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin command must not break the CLI
+            logging.getLogger(__name__).warning("command '%s' (%s) is left out: %s", name, origin, exc)
+            continue
+        module.add_parser(sub)
 
 
 def _not_printed_by_lightning(record: logging.LogRecord) -> bool:

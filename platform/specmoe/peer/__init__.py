@@ -1,2 +1,4 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The peer engine (vLLM): scripts run by path in its own environment, and the files its plugin reads."""
+"""Reading what the vLLM peer's benchmark logged (``compare``: its engine rows in ``platform compare``). The peer
+itself (the bench, the ``vllm_peer`` stage, ``platform peer export-policy``, the script vLLM runs) is the plugin
+folder ``specmoe_plugins/peers/vllm``; ``export`` and ``stage`` here are deprecated aliases of its modules."""

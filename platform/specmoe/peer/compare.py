@@ -3,12 +3,11 @@
 vLLM's fixed draft counts and the specmoe_vllm plugin, per batch x temperature cell) as one table per bench run,
 an ``engine`` column telling them apart, after the recipe's cell tables of the same experiment.
 
-A bench peer run is a FINISHED MLflow run tagged ``specmoe.bench=peer`` (experiment ``bench_peer`` unless the
-caller logged it elsewhere) with its rows in the artifact ``bench_peer.json`` (row name -> the row's values; the
-names are ``<engine>/<method>[/b<batch>_T<temperature>]``). By default the latest such run of the experiment;
-``--run-id`` names one (a bench run's own id), ``--all-runs`` shows every one. ``--format csv``: the cell
-records, a blank line, then the engine records (each block with its header).
-"""
+A bench peer run is a FINISHED MLflow run tagged ``specmoe.rows=engines`` (:data:`BENCH_TAG`; experiment
+``bench_peer`` unless the caller logged it elsewhere) with its rows in the artifact ``bench_peer.json`` (row name ->
+the row's values; the names are ``<engine>/<method>[/b<batch>_T<temperature>]``). By default the latest such run of
+the experiment; ``--run-id`` names one (a bench run's own id), ``--all-runs`` shows every one. ``--format csv``: the
+cell records, a blank line, then the engine records (each block with its header)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ from specmoe.evaluation import report_tables as rt
 
 __all__ = ["BENCH_TAG", "ARTIFACT", "bench_runs", "engine_table", "compare"]
 
-#: the tag (key, value) bench peer's runs carry
-BENCH_TAG = ("specmoe.bench", "peer")
+#: the tag (key, value) of a run whose artifact :data:`ARTIFACT` holds engine rows (``platform bench peer`` sets it)
+BENCH_TAG = ("specmoe.rows", "engines")
 #: the artifact holding the rows
 ARTIFACT = "bench_peer.json"
 _COLUMNS = ["engine", "method", "batch", "T", "γ", "tok/s", "tok/s CPU", "tok/step", "agree", "vs best fixed",

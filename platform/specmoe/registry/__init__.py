@@ -4,6 +4,7 @@
 from specmoe.registry.kinds import (
                                     KINDS,
                                     benches,
+                                    commands,
                                     datasets,
                                     drafters,
                                     predictors,
@@ -23,6 +24,6 @@ from specmoe.registry.registry import (
                                     normalize_name,
 )
 
-__all__ = ["KINDS", "Registry", "ModuleRegistry", "benches", "RegistryError", "UnknownPluginError",
+__all__ = ["KINDS", "Registry", "ModuleRegistry", "benches", "commands", "RegistryError", "UnknownPluginError",
            "DuplicatePluginError", "targets", "drafters", "selectors", "predictors", "verifiers", "datasets", "stages",
            "registry_for", "import_object", "normalize_name"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from specmoe.registry.registry import ModuleRegistry, Registry
 
-__all__ = ["targets", "drafters", "selectors", "predictors", "verifiers", "datasets", "stages", "benches", "KINDS",
-           "registry_for"]
+__all__ = ["targets", "drafters", "selectors", "predictors", "verifiers", "datasets", "stages", "benches", "commands",
+           "KINDS", "registry_for"]
 
 targets: Registry = Registry("target", "specmoe.interfaces.target:Target")
 drafters: Registry = Registry("drafter", "specmoe.interfaces.drafter:Drafter")
@@ -20,6 +20,11 @@ stages: Registry = Registry("stage", "specmoe.interfaces.stage:Stage")
 #: (:data:`specmoe.bench.BENCHES`) and those a plugin declares in the entry-point group ``specmoe.benches``
 benches: ModuleRegistry = ModuleRegistry("bench", "specmoe.benches", ("add_arguments", "run"),
                                          builtin="specmoe.bench:BENCHES")
+
+#: plugin subcommands of the ``platform`` CLI (``platform <name> ...``): modules with ``add_parser(subparsers)``
+#: and ``run(args)``, declared in the entry-point group ``specmoe.commands`` (the core's are in
+#: :data:`specmoe.cli.main.SUBCOMMANDS`)
+commands: ModuleRegistry = ModuleRegistry("command", "specmoe.commands", ("add_parser", "run"))
 
 #: the component kinds (benchmarks are modules, not components: see :func:`registry_for`)
 KINDS: dict[str, Registry] = {r.kind: r for r in (targets, drafters, selectors, predictors, verifiers,

@@ -3,7 +3,7 @@
 
 This file runs **inside vLLM's own virtual environment** (``docker/vllm_env.sh``), executed by path::
 
-    .venv-vllm/bin/python platform/specmoe/peer/vllm_runner.py REQUEST.json OUT.json
+    .venv-vllm/bin/python plugins/specmoe_plugins/peers/vllm/vllm_runner.py REQUEST.json OUT.json
 
 It imports nothing from specmoe (vLLM pins another ``transformers``): only vLLM, torch and the standard
 library. The request names the checkpoints and prompts; one vLLM engine is started per *config* (no

@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Peer engines: another serving engine run on specmoe's checkpoints and prompts, for comparison."""

@@ -1,0 +1,249 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Write the policy file of the vLLM plugin (``plugins/specmoe_vllm``) from what specmoe's stages wrote.
+
+``platform peer export-policy --token-table DIR [--cost-model FILE] [--vllm-run OUT.json] [--acceptance
+a1,a2,...] --out policy.json`` reads *files* only (no stage module is imported):
+
+* ``--token-table``: a ``build_token_table`` stage directory (``token_table.json``: ``num_layers``,
+  ``num_experts``, ``top_k``; ``token_table.safetensors``: ``token_ids [N]``, ``experts [N, L, K]``,
+  ``fallback [L, K]``, ``token_counts [N]``) -> the policy's ``experts``.
+* ``--cost-model``: a ``calibrate_cost`` stage's (or ``platform bench expert_latency --calibrate``'s)
+  ``cost_model.json`` (``format: specmoe.cost_model/1``, ``coef`` in seconds per unit of ``fixed``, ``tokens``,
+  ``expert_layers``, ``kv_slots``, ``padded_tokens``, ``token_kv``) -> the policy's ``cost`` (``padded_tokens``
+  folds into ``tokens``, ``token_kv`` into ``kv_slots``: a decode row verifies few tokens).
+* ``--vllm-run``: the JSON ``vllm_runner.py`` (this folder) wrote for fixed draft counts (``configs`` 0..n): the
+  per-step seconds of vLLM's own runs refit the ``fixed``, ``tokens``, ``draft_steps`` and ``spec_pass`` terms
+  (ridge towards the cost model's, or on their own without one), and the longest chain's per-position acceptance is the
+  acceptance prior (conditional: P(position i | position i - 1)).
+* ``--acceptance``: the prior's per-position conditional rates given directly (default from ``--vllm-run``, else
+  0.8 everywhere).
+
+The policy file (``format: specmoe_vllm.policy/1``; read by ``specmoe_vllm.policy.load_policy``)::
+
+    {"format": "specmoe_vllm.policy/1", "max_drafts": 5, "tolerance": 0.01,
+     "cost": {"fixed": s, "tokens": s, "expert_layers": s, "kv_slots": s, "draft_steps": s, "spec_pass": s},
+     "acceptance": {"prior": {"greedy": [...], "sampled": [...]}, "strength": 20, "request_strength": 8},
+     "experts": {"num_layers": L, "num_experts": E, "top_k": K, "fallback": [[...]] * L,
+                 "token_ids": [...], "table": [[[...]] * L, ...], "token_counts": [...]},
+     "meta": {"sources": {...}}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from specmoe.errors import UserError
+
+__all__ = ["FORMAT", "read_token_table", "read_cost_model", "acceptance_from_run", "fit_vllm_steps",
+           "build_policy", "add_parser", "run"]
+
+FORMAT = "specmoe_vllm.policy/1"
+_COST_FORMAT = "specmoe.cost_model/1"
+
+
+def read_token_table(path: str | Path) -> dict[str, Any]:
+    d = Path(path)
+    meta_p, st_p = d / "token_table.json", d / "token_table.safetensors"
+    for p in (meta_p, st_p):
+        if not p.is_file():
+            raise UserError(f"--token-table {d}: {p.name} is missing (a build_token_table stage directory has "
+                            f"token_table.json and token_table.safetensors)")
+    try:
+        meta = json.loads(meta_p.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--token-table {meta_p} is not JSON: {exc}") from None
+    for key in ("num_layers", "num_experts", "top_k"):
+        if not isinstance(meta.get(key), int):
+            raise UserError(f"--token-table {meta_p}: '{key}' is missing or not an integer")
+    from safetensors import safe_open
+
+    with safe_open(str(st_p), framework="pt") as f:
+        names = set(f.keys())
+        for key in ("token_ids", "experts", "fallback"):
+            if key not in names:
+                raise UserError(f"--token-table {st_p}: tensor '{key}' is missing (has {', '.join(sorted(names))})")
+        ids = f.get_tensor("token_ids").tolist()
+        experts = f.get_tensor("experts").tolist()
+        fallback = f.get_tensor("fallback").tolist()
+        counts = f.get_tensor("token_counts").tolist() if "token_counts" in names else [1] * len(ids)
+    shape = (meta["num_layers"], meta["top_k"])
+    if (len(fallback), len(fallback[0]) if fallback else 0) != shape or any(
+            (len(r), len(r[0]) if r else 0) != shape for r in experts):
+        raise UserError(f"--token-table {st_p}: 'experts' / 'fallback' rows must be [num_layers={shape[0]}, "
+                        f"top_k={shape[1]}] as token_table.json says")
+    return {"num_layers": meta["num_layers"], "num_experts": meta["num_experts"], "top_k": meta["top_k"],
+            "fallback": fallback, "token_ids": [int(t) for t in ids], "table": experts,
+            "token_counts": [int(c) for c in counts]}
+
+
+def read_cost_model(path: str | Path) -> dict[str, float]:
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise UserError(f"--cost-model {p} does not exist (a calibrate_cost stage writes cost_model.json; or run "
+                        f"platform bench expert_latency --target DIR --calibrate)") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--cost-model {p} is not JSON: {exc}") from None
+    if d.get("format") != _COST_FORMAT or not isinstance(d.get("coef"), dict):
+        raise UserError(f"--cost-model {p}: 'format' must be {_COST_FORMAT!r} with a 'coef' object "
+                        f"(got format {d.get('format')!r})")
+    coef = {k: float(v) for k, v in d["coef"].items()}
+    out = {"fixed": coef.get("fixed", 0.0), "tokens": coef.get("tokens", 0.0) + coef.get("padded_tokens", 0.0),
+           "expert_layers": coef.get("expert_layers", 0.0), "kv_slots": coef.get("kv_slots", 0.0)}
+    out["kv_slots"] += coef.get("token_kv", 0.0)  # per verified token x slot: read as one token per row
+    draft = (d.get("overheads") or {}).get("draft") or {}
+    if "1" in draft:
+        out["draft_steps"] = float(draft["1"]) / 3.0  # specmoe's draft phase of a 3-step chain, per step
+    return out
+
+
+def acceptance_from_run(run_out: dict[str, Any]) -> list[float] | None:
+    """Conditional per-position acceptance of the longest chain in a vllm_runner output."""
+    spec = [r for r in run_out.get("runs", []) if r.get("num_speculative_tokens", 0) > 0 and r.get("drafts")]
+    if not spec:
+        return None
+    r = max(spec, key=lambda x: x["num_speculative_tokens"])
+    acc = r["acceptance_per_pos"]
+    cond, prev = [], 1.0
+    for a in acc:
+        cond.append(min(1.0, a / prev) if prev > 0 else 0.0)
+        prev = a
+    return [round(c, 6) for c in cond]
+
+
+def _expected_union(table: dict[str, Any], tokens: int) -> float:
+    """Expected expert-layers of ``tokens`` tokens drawn by the table's frequencies (independent draws)."""
+    L, E = table["num_layers"], table["num_experts"]
+    total = float(sum(table["token_counts"])) or 1.0
+    freq = [[0.0] * E for _ in range(L)]
+    for row, c in zip(table["table"], table["token_counts"]):
+        for layer, experts in enumerate(row):
+            for e in experts:
+                freq[layer][e] += c / total
+    return sum(E - sum((1 - min(q, 1.0)) ** tokens for q in f) for f in freq)
+
+
+def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict[str, Any] | None
+                   ) -> dict[str, float]:
+    """Refit ``fixed``, ``tokens``, ``draft_steps`` on the runner's fixed-draft-count runs, every cell (seconds
+    per step = seconds / (tokens / tokens per step / batch), by the runner's CPU seconds where present), the
+    expert and KV terms held at ``prior``'s (their share of a step is subtracted first): least squares on
+    relative error, terms clipped at 0. Verified tokens and draft steps are collinear at one batch size: give
+    cells of two batch sizes or more. A fourth term, the drafter's own pass (every configuration with
+    speculation pays it, also a step that proposes nothing), is fitted on runs with and without speculation as
+    ``spec_pass``: the plugin pays it on every step, or with ``skip_drafter`` only on steps that speculate."""
+    import numpy as np
+
+    xs, ys = [], []
+    for r in run_out.get("runs", []):
+        n = int(r.get("num_speculative_tokens", 0))
+        if r.get("name", "").startswith("plugin"):
+            continue  # only fixed draft counts
+        for c in r.get("cells") or [r]:
+            rows = int(c.get("batch", 1))
+            tps = float(c.get("tokens_per_step") or 1.0)
+            steps = c["tokens"] / tps / rows
+            sec = sum(c.get("cpu_seconds") or c["seconds"])  # CPU time where the runner measured it
+            if steps <= 0 or sec <= 0:
+                continue
+            verified = rows * (1 + n)
+            held = prior.get("expert_layers", 0.0) * (_expected_union(table, verified) if table else 0.0)
+            xs.append([1.0, float(verified), float(n), 1.0 if n > 0 else 0.0])
+            ys.append(max(sec / steps - held, 1e-9))
+    if len(xs) < 2:
+        raise UserError("--vllm-run: need runs with at least two draft counts (configs 0..n) to fit the step cost")
+    x, y = np.array(xs), np.array(ys)
+    if not (x[:, 3] > 0).any() or (x[:, 3] > 0).all():
+        x = x[:, :3]  # without runs both with and without speculation the drafter's own pass cannot be told apart
+    w = 1.0 / y
+    m = x.shape[1]
+    active = list(range(m))
+    coef = np.zeros(m)
+    for _ in range(m):
+        sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
+        coef = np.zeros(m)
+        coef[active] = np.clip(sol, 0, None)
+        if (sol >= 0).all():
+            break
+        active = [a for a, s in zip(active, sol) if s >= 0]
+    out = dict(prior)
+    # the drafter's pass over the step's tokens and the rejection sampler: vLLM pays them on every step once
+    # speculation is configured; the plugin with skip_drafter only on steps that speculate (spec_pass)
+    out.update(fixed=float(coef[0]), tokens=float(coef[1]), draft_steps=float(coef[2]),
+               spec_pass=float(coef[3]) if m > 3 else 0.0)
+    return out
+
+
+def build_policy(*, token_table: str | None, cost_model: str | None, vllm_run: str | None,
+                 acceptance: list[float] | None, max_drafts: int = 5, tolerance: float = 0.01) -> dict[str, Any]:
+    table = read_token_table(token_table) if token_table else None
+    cost = read_cost_model(cost_model) if cost_model else {}
+    run_out = None
+    if vllm_run:
+        try:
+            run_out = json.loads(Path(vllm_run).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"--vllm-run {vllm_run}: cannot read it as JSON ({exc})") from None
+        cost = fit_vllm_steps(run_out, cost, table)
+        if acceptance is None:
+            acceptance = acceptance_from_run(run_out)
+    if not cost:
+        raise UserError("export-policy needs a cost: --cost-model (specmoe's calibration) and/or --vllm-run (the "
+                        "vLLM runner's output of fixed draft counts)")
+    if table is None and cost.get("expert_layers", 0) > 0:
+        raise UserError("--cost-model prices experts (expert_layers > 0): give --token-table too")
+    cost.setdefault("draft_steps", 0.0)
+    if cost.get("fixed", 0) + cost.get("tokens", 0) <= 0:
+        raise UserError("the step cost has neither a fixed nor a per-token term: check --cost-model / --vllm-run")
+    prior = acceptance or [0.8]
+    if not all(0 <= a <= 1 and not math.isnan(a) for a in prior):
+        raise UserError(f"--acceptance: rates must lie in [0, 1], got {prior}")
+    policy = {"format": FORMAT, "max_drafts": int(max_drafts), "tolerance": float(tolerance),
+              "cost": {k: float(v) for k, v in cost.items()},
+              "acceptance": {"prior": {"greedy": prior, "sampled": [a * 0.9 for a in prior]}, "strength": 20,
+                             "request_strength": 8},
+              "meta": {"sources": {"table_dir": token_table, "cost_model": cost_model, "vllm_run": vllm_run}}}
+    if table is not None:
+        policy["experts"] = table
+    return policy
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("peer", help="the vLLM plugin's files: platform peer export-policy ...")
+    inner = p.add_subparsers(dest="action", metavar="ACTION")
+    ex = inner.add_parser("export-policy", help="write the specmoe_vllm policy file (cost, experts, acceptance)",
+                          description=__doc__.split("\n\n")[1] if __doc__ else None)
+    ex.add_argument("--token-table", default=None, help="build_token_table stage directory")
+    ex.add_argument("--cost-model", default=None, help="cost_model.json of calibrate_cost (specmoe format)")
+    ex.add_argument("--vllm-run", default=None, help="vllm_runner.py output with configs 0..n (refits the cost)")
+    ex.add_argument("--acceptance", default=None, help="comma-separated conditional acceptance per position")
+    ex.add_argument("--max-drafts", type=int, default=5)
+    ex.add_argument("--tolerance", type=float, default=0.01, help="speculation must beat plain decoding by this")
+    ex.add_argument("--out", required=True, help="policy JSON file to write")
+    ex.set_defaults(func=run)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+
+
+def run(args: argparse.Namespace) -> int:
+    acc = None
+    if args.acceptance:
+        try:
+            acc = [float(a) for a in args.acceptance.split(",")]
+        except ValueError:
+            raise UserError(f"--acceptance '{args.acceptance}': give numbers like 0.9,0.85,0.6") from None
+    pol = build_policy(token_table=args.token_table, cost_model=args.cost_model, vllm_run=args.vllm_run,
+                       acceptance=acc, max_drafts=args.max_drafts, tolerance=args.tolerance)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(pol))
+    c = pol["cost"]
+    print(f"wrote {out}: cost ms fixed {c['fixed'] * 1e3:.3f}, per token {c['tokens'] * 1e3:.4f}, per expert-layer "
+          f"{c.get('expert_layers', 0) * 1e3:.4f}, per draft step {c['draft_steps'] * 1e3:.3f}, speculative "
+          f"machinery per step {c.get('spec_pass', 0) * 1e3:.3f}; acceptance prior "
+          f"{pol['acceptance']['prior']['greedy']}; experts: {'yes' if 'experts' in pol else 'no'}")
+    return 0
