@@ -17,8 +17,8 @@ import pytest
 import torch
 from fixtures.agreeing import VLLM_HEADS, bigram_eagle3, predictable_checkpoint
 
-from specmoe.bench import peer
 from specmoe.registry import targets
+from specmoe_plugins.peers.vllm import bench as peer
 
 VLLM_PYTHON = os.environ.get("SPECMOE_VLLM_PYTHON", "")
 pytestmark = [pytest.mark.vllm]

@@ -35,7 +35,7 @@ from specmoe.registry import targets
 
 VLLM_PYTHON = os.environ.get("SPECMOE_VLLM_PYTHON", "")
 ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "platform" / "specmoe" / "peer" / "vllm_runner.py"
+RUNNER = ROOT / "plugins" / "specmoe_plugins" / "peers" / "vllm" / "vllm_runner.py"
 
 pytestmark = [pytest.mark.vllm]
 if not VLLM_PYTHON:
@@ -207,7 +207,7 @@ def test_bench_peer_rows_for_the_plugin(served, tmp_path):
     (one variant and one draft here, to keep the test short)."""
     import argparse
 
-    from specmoe.bench import peer
+    from specmoe_plugins.peers.vllm import bench as peer
 
     _, root = served
     p = argparse.ArgumentParser()

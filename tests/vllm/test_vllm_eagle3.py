@@ -33,7 +33,7 @@ from specmoe.decoding.stopping import StopRule
 from specmoe.registry import drafters, selectors, targets
 
 VLLM_PYTHON = os.environ.get("SPECMOE_VLLM_PYTHON", "")
-RUNNER = Path(__file__).resolve().parents[2] / "platform" / "specmoe" / "peer" / "vllm_runner.py"
+RUNNER = Path(__file__).resolve().parents[2] / "plugins" / "specmoe_plugins" / "peers" / "vllm" / "vllm_runner.py"
 
 pytestmark = [pytest.mark.vllm]
 if not VLLM_PYTHON:
