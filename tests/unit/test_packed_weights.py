@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Weights packed into oneDNN's layout on CPUs (issue 23.4): float32 ``nn.Linear`` layers above
 ``FP32_PACK_MIN`` weights (``specmoe.models.linear``) and the experts of the union verifier
-(``specmoe.kernels.union_torch.packed_experts``), in float32 and bf16.
+(``specmoe.kernels.union_torch.packed_experts``, float32; bf16 experts must stay unpacked).
 
 Each route is checked against a float64 reference with the error of the unpacked computation as the bound
 (never a machine-dependent rounding), proven to run (its calls counted), repacked when the weights change and
@@ -68,14 +68,16 @@ def _experts(dtype: torch.dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_union_experts_on_packed_weights(monkeypatch, dtype):
     """A decoding step (1 token) and a verification pass (6 tokens, experts with several rows) on the packed
-    expert weights: within the unpacked route's error of the float64 experts, one packed product per union
-    expert and projection, each token's output the same alone as beside the others, repacked on a change."""
+    float32 expert weights: within the unpacked route's error of the float64 experts, one packed product per
+    union expert and projection, each token's output the same alone as beside the others, repacked on a change.
+    bf16: never packed (every pass takes the single-row route an AR step takes)."""
     module = _experts(dtype)
     gold_module = _experts(torch.float64)
     union_torch.prepare(module)
     lay = union_torch._layout(module)
-    expect = (linear.packed_row_invariant(dtype, 2 * lay.intermediate, lay.hidden)
-              and linear.packed_row_invariant(dtype, lay.hidden, lay.intermediate))
+    # float32 only (bf16 keeps the single-row route everywhere: test_bf16_paths.py), where the trial passes
+    expect = dtype == torch.float32 and (linear.packed_row_invariant(dtype, 2 * lay.intermediate, lay.hidden)
+                                         and linear.packed_row_invariant(dtype, lay.hidden, lay.intermediate))
     calls = count_calls(monkeypatch, linear, "packed_linear")
     g = torch.Generator().manual_seed(2)
     for t in (1, 6):

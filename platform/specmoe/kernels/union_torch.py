@@ -19,8 +19,8 @@ synchronisation is free and torch's ``grouped_mm`` is itself a loop over *all* `
 host read per expert, empty or not): measured on the demo (one thread, 32 experts, a decoding step of one
 token) ``loop`` saves ~0.3 ms per token.
 
-The per-expert matmul of a decoding step or verification pass on a CPU (at most :data:`FEW_SLOTS` slots) runs
-on a packed copy of the expert weights in oneDNN's layout where that kernel gives each row the same result
+The per-expert matmul of a float32 decoding step or verification pass on a CPU (at most :data:`FEW_SLOTS` slots)
+runs on a packed copy of the expert weights in oneDNN's layout where that kernel gives each row the same result
 whatever the number of rows (:func:`packed_experts`); otherwise, and for larger passes, in float32 the model's
 own form (``x @ W`` for GPT-OSS, ``F.linear`` otherwise: bit-identical to its eager loop), in bf16 / fp16
 ``F.linear`` on output-major weights through :func:`specmoe.models.linear.linear` (a single row: torch's
@@ -151,23 +151,29 @@ def _stamp(module: Any) -> tuple:
 
 
 def packed_experts(module: Any, layout: ExpertsLayout | None = None) -> tuple | None:
-    """``module``'s expert weights packed into oneDNN's layout, one ``(gate_up, down, gate_up_bias, down_bias)``
-    per expert, or ``None`` where they are not packed: not a CPU module, trainable weights, more than
-    :data:`PACK_MAX_BYTES`, or a dtype / CPU whose packed kernel is unavailable or rounds a row differently with
-    other rows beside it (:func:`specmoe.models.linear.packed_row_invariant`).
+    """``module``'s float32 expert weights packed into oneDNN's layout, one ``(gate_up, down, gate_up_bias,
+    down_bias)`` per expert, or ``None`` where they are not packed: not a float32 CPU module, trainable weights,
+    oneDNN switched off, more than :data:`PACK_MAX_BYTES`, or a CPU whose packed kernel is unavailable or rounds
+    a row differently with other rows beside it (:func:`specmoe.models.linear.packed_row_invariant`).
+
+    bf16 / fp16 experts keep the single-row route of :func:`_matmuls` for every pass: the lean decoder runs a
+    reduced-precision MLP of up to 8 rows with oneDNN off (its router), so a packed route would serve only the
+    larger passes and round them unlike the AR steps; and packed it was no faster (demo, bf16, paired per prompt:
+    ``ar`` 0.97-0.99x, chain of 3 1.00x).
 
     Why: a decoding step multiplies 1-16 rows by each union expert, weights mostly not in cache. torch's
     matmul streams such a weight at 11-20 GB/s (float32, falling with the rows; 7 GB/s for bf16), the packed
     kernel at 15-21 GB/s for 1-8 rows (13-14 GB/s of bf16, half the bytes). Measured on the demo's experts
     (256 x 768 and 384 x 256, 13 of 32 per layer over 4 layers, one thread, AMD EPYC Zen 5): 4 rows per expert
-    5.75 -> 3.54 ms per pass in float32, 3.84 -> 2.37 ms in bf16; end to end on the demo (6 GSM8K prompts, 96
-    tokens, paired per prompt) the float32 EAGLE-3 chain of 3 is ~5 % faster, ``ar`` and bf16 unchanged (one
-    row per expert: the same bytes either way). The copy is kept beside the model's weights (these stay what
+    5.75 -> 3.54 ms per pass in float32; end to end on the demo (6 GSM8K prompts, 96 tokens, paired per prompt)
+    the float32 EAGLE-3 chain of 3 is ~5 % faster, ``ar`` unchanged (one row per expert: the same bytes either
+    way). The copy is kept beside the model's weights (these stay what
     every other path and ``save_pretrained`` read) and rebuilt when a weight changes (storage or version
     counter)."""
     layout = layout or _layout(module)
     w_gu, w_d = module.gate_up_proj, module.down_proj
-    if (w_gu.device.type != "cpu" or w_gu.requires_grad or w_d.requires_grad or not torch.backends.mkldnn.enabled
+    if (w_gu.dtype != torch.float32 or w_gu.device.type != "cpu" or w_gu.requires_grad or w_d.requires_grad
+            or not torch.backends.mkldnn.enabled
             or (w_gu.numel() + w_d.numel()) * w_gu.element_size() > PACK_MAX_BYTES):
         return None
     stamp = _stamp(module)
