@@ -47,7 +47,7 @@ def test_float32_layers_above_the_threshold_take_the_packed_weight(monkeypatch):
     calls.clear()
     with torch.no_grad():
         small(torch.randn(1, 64, generator=g))
-    assert not calls and small.__dict__["_specmoe_packed"][1] is None  # small layers keep the unpacked routes
+    assert not calls and "_specmoe_packed" not in small.__dict__  # small layers keep the unpacked routes
     trainable = torch.nn.Linear(256, linear.FP32_PACK_MIN // 256 + 8)
     linear.install(trainable)
     trainable(torch.randn(2, 256, generator=g)).sum().backward()

@@ -141,7 +141,7 @@ def packed_row_invariant(dtype: torch.dtype, n_out: int, n_in: int) -> bool:
         ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
         if float((alone.double() - ref).abs().max()) > 1e-2 * float(ref.abs().max()):
             return False
-        return all(torch.equal(packed_linear(x[:m], packed, b), alone[:m]) for m in (2, 3, 4, 5, 8, 16))
+        return all(torch.equal(packed_linear(x[:m], packed, b), alone[:m]) for m in range(2, 17))
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
 
@@ -172,8 +172,8 @@ def _packed(layer: torch.nn.Linear) -> torch.Tensor | None:
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w = self.weight
-    if (x.dtype == w.dtype and x.dtype in (torch.float32, torch.bfloat16) and x.device.type == "cpu"
-            and torch.backends.mkldnn.enabled
+    if (x.dtype == w.dtype and x.device.type == "cpu" and torch.backends.mkldnn.enabled
+            and (x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and w.numel() > FP32_PACK_MIN))
             and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
         packed = _packed(self)
         if packed is not None:
