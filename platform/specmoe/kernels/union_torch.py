@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from specmoe.kernels.layout import ExpertsLayout, apply_gate, experts_layout
+from specmoe.kernels.layout import ACT_SILU, ACT_SWIGLU_OAI, ExpertsLayout, apply_gate, experts_layout
 from specmoe.models import linear
 
 __all__ = ["union_experts_forward", "grouped_supported", "prepare", "packed_experts", "PACK_MAX_BYTES"]
@@ -184,12 +184,17 @@ def packed_experts(module: Any, layout: ExpertsLayout | None = None) -> tuple | 
     two_i, hid, inter = 2 * layout.intermediate, layout.hidden, layout.intermediate
     if linear.packed_row_invariant(w_gu.dtype, two_i, hid) and linear.packed_row_invariant(w_gu.dtype, hid, inter):
         packs = []
+        split = _halves(layout)
         for e in range(layout.num_experts):
             gu = w_gu[e].detach()
             dn = w_d[e].detach()
             if layout.transposed:  # [in, out] -> [out, in]
                 gu, dn = gu.t(), dn.t()
-            b_gu = module.gate_up_proj_bias[e].detach().contiguous() if layout.has_bias else None
+            b_gu = module.gate_up_proj_bias[e].detach() if layout.has_bias else None
+            if split and layout.interleaved:  # gate outputs first, then up: each half one contiguous block
+                gu = torch.cat([gu[0::2], gu[1::2]])
+                b_gu = torch.cat([b_gu[0::2], b_gu[1::2]]) if b_gu is not None else None
+            b_gu = b_gu.contiguous() if b_gu is not None else None
             b_d = module.down_proj_bias[e].detach().contiguous() if layout.has_bias else None
             packs.append((torch.ops.mkldnn._reorder_linear_weight(gu.contiguous(), linear.PACK_ROWS),
                           torch.ops.mkldnn._reorder_linear_weight(dn.contiguous(), linear.PACK_ROWS), b_gu, b_d))
@@ -198,16 +203,67 @@ def packed_experts(module: Any, layout: ExpertsLayout | None = None) -> tuple | 
     return packs
 
 
-def _packed_matmuls(x: torch.Tensor, packs: tuple, which: int, counts: list[int]) -> torch.Tensor:
-    """As :func:`_matmuls` (bias included) over the packed weights ``packs[e][which]``."""
-    parts = []
-    start = 0
-    for expert, c in enumerate(counts):
-        if c:
-            p = packs[expert]
-            parts.append(linear.packed_linear(x[start:start + c], p[which], p[which + 2]))
-            start += c
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+def _halves(layout: ExpertsLayout) -> bool:
+    """Whether the packed gate_up weights hold the gate outputs in ``[0, I)`` and the up outputs in ``[I, 2I)``
+    (GPT-OSS interleaves them in its own weights; :func:`packed_experts` de-interleaves its copy, so the
+    activation reads two contiguous halves; the values are the same)."""
+    return layout.activation in (ACT_SWIGLU_OAI, ACT_SILU) or not layout.interleaved
+
+
+def _packed_gate(module: Any, layout: ExpertsLayout, h: torch.Tensor) -> torch.Tensor:
+    """:func:`specmoe.kernels.layout.apply_gate` on the packed gate_up output ``h [M, 2I]`` (halves when
+    :func:`_halves`): the same element-wise math."""
+    if not _halves(layout):
+        return apply_gate(module, layout, h)
+    gate, up = h.split(layout.intermediate, dim=-1)
+    if layout.activation == ACT_SWIGLU_OAI:
+        gate = gate.clamp(max=layout.limit)
+        up = up.clamp(min=-layout.limit, max=layout.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * layout.alpha))
+    return module.act_fn(gate) * up
+
+
+@functools.lru_cache(maxsize=4096)
+def _index(order: tuple[int, ...]) -> torch.Tensor:
+    """A CPU index tensor of ``order`` (kept: a decoding step's slot orders repeat)."""
+    return torch.tensor(order, dtype=torch.long)
+
+
+def _few_packed(module: Any, layout: ExpertsLayout, hidden: torch.Tensor, ids: list[list[int]],
+                top_k_weights: torch.Tensor, packs: tuple) -> torch.Tensor:
+    """:func:`_few` over the packed float32 weights: the same products, routing weights and additions in the
+    same order and rounding, in fewer framework operations (a single token's row feeds each of its experts
+    directly; each union expert's rows are one view of the gathered slots; index tensors are kept)."""
+    t, k = len(ids), len(ids[0])
+    flat = [e for row in ids for e in row]
+    slots = tuple(sorted(range(t * k), key=flat.__getitem__))  # stable: ties keep slot order
+    runs: list[list[int]] = []  # [expert, slots] in ascending expert id
+    for s in slots:
+        if runs and runs[-1][0] == flat[s]:
+            runs[-1][1] += 1
+        else:
+            runs.append([flat[s], 1])
+    x = hidden if hidden.dtype == torch.float32 else hidden.float()
+    if t == 1:
+        rows = [x] * len(runs)
+    else:
+        rows = x[_index(tuple(s // k for s in slots))].split([c for _, c in runs])
+    h = [linear.packed_linear(r, packs[e][0], packs[e][2]) for (e, _), r in zip(runs, rows)]
+    a = _packed_gate(module, layout, h[0] if len(h) == 1 else torch.cat(h))
+    parts = a.split([c for _, c in runs]) if len(runs) > 1 else (a,)
+    y = [linear.packed_linear(r, packs[e][1], packs[e][3]) for (e, _), r in zip(runs, parts)]
+    w = top_k_weights.reshape(-1)
+    y = (y[0] if len(y) == 1 else torch.cat(y)) * (w if w.dtype == torch.float32 else w.float())[_index(slots)][:, None]
+    if t > 1:  # per token, its slots in ascending expert id (their order in ``slots``)
+        where = [0] * (t * k)
+        for j, s in enumerate(slots):
+            where[s] = j
+        y = y[_index(tuple(where[i * k + j] for i in range(t) for j in sorted(range(k), key=ids[i].__getitem__)))]
+    cols = y.view(t, k, layout.hidden).unbind(1)
+    acc = cols[0]
+    for c in cols[1:]:
+        acc = acc + c
+    return acc if acc.dtype == hidden.dtype else acc.to(hidden.dtype)
 
 
 def _few(module: Any, layout: ExpertsLayout, hidden: torch.Tensor, ids: list[list[int]],
@@ -221,6 +277,9 @@ def _few(module: Any, layout: ExpertsLayout, hidden: torch.Tensor, ids: list[lis
     gathers: ~15 framework operations per layer, the larger part of a one-token step's experts time on the demo
     target). ``ids``: ``[T][K]`` expert ids, all in ``[0, E)``.
     """
+    packs = None if torch.is_grad_enabled() and hidden.requires_grad else packed_experts(module, layout)
+    if packs is not None:
+        return _few_packed(module, layout, hidden, ids, top_k_weights, packs)
     t, k = len(ids), len(ids[0])
     flat = [e for row in ids for e in row]
     slots = sorted(range(t * k), key=flat.__getitem__)  # stable: ties keep slot order
@@ -231,18 +290,13 @@ def _few(module: Any, layout: ExpertsLayout, hidden: torch.Tensor, ids: list[lis
     dev = hidden.device
     slot_t = torch.tensor(slots, device=dev)
     x = hidden[slot_t // k]
-    packs = None if torch.is_grad_enabled() and hidden.requires_grad else packed_experts(module, layout)
-    if packs is not None:
-        h = _packed_matmuls(x.to(module.gate_up_proj.dtype), packs, 0, counts)
-        y = _packed_matmuls(apply_gate(module, layout, h), packs, 1, counts)
-    else:
-        e_t = torch.tensor(experts, device=dev) if layout.has_bias else None
-        h = _matmuls(x.to(module.gate_up_proj.dtype), module.gate_up_proj, layout.transposed, counts)
-        if e_t is not None:
-            h = h + module.gate_up_proj_bias[e_t]
-        y = _matmuls(apply_gate(module, layout, h), module.down_proj, layout.transposed, counts)
-        if e_t is not None:
-            y = y + module.down_proj_bias[e_t]
+    e_t = torch.tensor(experts, device=dev) if layout.has_bias else None
+    h = _matmuls(x.to(module.gate_up_proj.dtype), module.gate_up_proj, layout.transposed, counts)
+    if e_t is not None:
+        h = h + module.gate_up_proj_bias[e_t]
+    y = _matmuls(apply_gate(module, layout, h), module.down_proj, layout.transposed, counts)
+    if e_t is not None:
+        y = y + module.down_proj_bias[e_t]
     y = y.float() * top_k_weights.reshape(-1)[slot_t].float()[:, None]
     if t > 1:  # per token, its slots in ascending expert id (their order in ``slots``)
         where = [0] * (t * k)
