@@ -19,19 +19,12 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORE = ROOT / "platform" / "specmoe"
+#: the defaults group's names are kinds / roles ("selector", "verifier.union"), not plugins: its values point at
+#: plugins the other groups name (``Registry.default``)
+ROLES = "specmoe.defaults"
 
 #: file (relative to platform/specmoe) -> plugin names still quoted there. Each line says why and what removes it.
 PENDING: dict[str, set[str]] = {
-    # plugin benchmarks still in core; 24.1 moves each into its plugin's folder (found through an entry-point group)
-    "bench/engine.py": {"draft_model", "eagle3", "gto", "ecospec", "router_on_embedding", "hf", "torch_union",
-                        "triton_union"},  # engine bench defaults (owned by the decoding/bench engineers)
-    "bench/tree.py": {"confidence", "eagle3", "router_on_embedding", "gsm8k"},  # tree bench defaults (not ours)
-    "bench/expert_latency.py": {"hf"},  # loads the checkpoint with the hf target (eager experts); 24.2 follow-up
-    # defaults of the recipe schema and CLIs: to come from the registry (a registry default, 24.2 follow-up)
-    "config/schema.py": {"confidence", "hf"},
-    "cli/traces.py": {"hf"},
-    # drafter checkpoint-format sniffing and the vLLM peer's method names (owned by the drafting / peer engineers)
-    "drafting/__init__.py": {"eagle3", "gto", "mtp"},
     # deprecated aliases (removed in 0.3.0): their __all__ names the moved function, which the stage is named after
     "traces/collect.py": {"collect_traces"},
     "traces/token_table.py": {"build_token_table"},
@@ -51,7 +44,7 @@ def plugin_names() -> dict[str, list[str]]:
         groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     out: dict[str, list[str]] = {}
     for group, entries in groups.items():
-        if group.startswith("specmoe."):
+        if group.startswith("specmoe.") and group != ROLES:
             for name in entries:
                 out.setdefault(name, []).append(group)
     return out
@@ -88,7 +81,7 @@ def test_entry_points_are_read():
     names = plugin_names()
     assert len(names) > 20 and all(g.startswith("specmoe.") for gs in names.values() for g in gs)
     installed = {ep.name for ep in importlib.metadata.distribution("specmoe").entry_points
-                 if ep.group.startswith("specmoe.")}
+                 if ep.group.startswith("specmoe.") and ep.group != ROLES}
     assert installed and installed <= set(names)  # the install's entry points came from this pyproject.toml
 
 

@@ -121,3 +121,39 @@ def test_third_party_entry_point_discovered(monkeypatch, tmp_path):
     assert "root_only" in reg.names()
     assert "third_party_sel" not in sys.modules  # lazy until requested
     assert reg.get("root_only").__name__ == "Greedy"
+
+
+def test_defaults_come_from_the_defaults_group():
+    """The defaults a recipe or a command takes where it names no plugin are the built-ins of before (the recipe's
+    selector / verifier, the benches' components), declared in pyproject.toml's ``specmoe.defaults``."""
+    reg = {kind: KINDS[kind] for kind in ("target", "drafter", "selector", "predictor", "verifier", "dataset")}
+    assert [reg[k].default() for k in reg] == ["hf", "eagle3", "confidence", "router_on_embedding", "hf", "gsm8k"]
+    assert (selectors.default("experts"), reg["verifier"].default("union"), reg["verifier"].default("cuda")) == \
+        ("ecospec", "torch_union", "triton_union")
+    with pytest.raises(RegistryError, match=r"no default stage is declared.*name one: .*train_eagle3"):
+        KINDS["stage"].default()
+
+
+def test_a_default_declared_twice_or_unregistered_is_reported(monkeypatch):
+    real = importlib.metadata.entry_points
+    extra: list = []
+
+    def fake(**kw):
+        return list(real(**kw)) + (extra if kw.get("group") == "specmoe.defaults" else [])
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake)
+    extra[:] = [importlib.metadata.EntryPoint("selector", "elsewhere:Other", "specmoe.defaults")]
+    with pytest.raises(RegistryError, match=r"default selector is declared more than once.*elsewhere:Other"):
+        selectors.default()
+    extra[:] = [importlib.metadata.EntryPoint("selector.odd", "elsewhere:Other", "specmoe.defaults")]
+    with pytest.raises(RegistryError, match=r"default selector \(odd\) is declared as 'elsewhere:Other', which no "
+                                            r"registered selector is; registered: .*confidence"):
+        selectors.default("odd")
+
+
+def test_a_method_without_selector_or_verifier_takes_the_defaults():
+    from specmoe.config.schema import MethodConfig
+
+    m = MethodConfig(name="m")
+    assert (m.selector.name, m.selector.kind, m.verifier.name, m.verifier.kind) == \
+        ("confidence", "selector", "hf", "verifier")

@@ -44,15 +44,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--budget", type=int, default=4, help="gamma: verified nodes per step")
-    p.add_argument("--drafter", default="eagle3", help="eagle3 (untrained unless --drafter-path), draft_model "
-                                                         "(self-drafting), mtp")
+    p.add_argument("--drafter", default=None,
+                   help="a registered drafter (default: the registry's default drafter; untrained unless "
+                        "--drafter-path, drafting with the target where it has a share_target option)")
     p.add_argument("--drafter-path", default=None, help="a trained drafter checkpoint")
-    p.add_argument("--selector", default="ecospec")
-    p.add_argument("--predictor", default="router_on_embedding")
-    p.add_argument("--predictor-path", default=None, help="for --predictor learned")
-    p.add_argument("--verifier", default="torch_union")
-    p.add_argument("--verifiers", default="hf,torch_union",
-                   help="experts implementations to time on the verification pass (triton_union on CUDA)")
+    p.add_argument("--selector", default=None, help="default: the registry's default selector that prices experts")
+    p.add_argument("--predictor", default=None, help="default: the registry's default predictor")
+    p.add_argument("--predictor-path", default=None, help="a trained predictor's checkpoint")
+    p.add_argument("--verifier", default=None, help="default: the registry's default union verifier")
+    p.add_argument("--verifiers", default=None,
+                   help="experts implementations to time on the verification pass (default: the registry's default "
+                        "verifier and union verifier; on CUDA also its CUDA one)")
     p.add_argument("--prune-contexts", default="256,2048")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
     p.add_argument("--clock", choices=("wall", "thread"), default="wall",
@@ -61,16 +63,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="also write the results to this file")
 
 
-def _components(target: Any, args: argparse.Namespace):
-    from specmoe.registry import drafters, predictors, selectors
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the components left unset with the registry's defaults (:meth:`specmoe.registry.Registry.default`)."""
+    from specmoe.registry import drafters, predictors, selectors, verifiers
 
-    if args.drafter == "draft_model" and not args.drafter_path:
-        drafter = drafters.get("draft_model")(share_target=True)
-    elif args.drafter in ("eagle3", "gto") and not args.drafter_path:
-        drafter = drafters.get("eagle3")(init={"seed": 0})
-    else:
-        drafter = drafters.get(args.drafter)(path=args.drafter_path)
-    drafter.setup(target)
+    args.drafter = args.drafter or drafters.default()
+    args.selector = args.selector or selectors.default("experts")
+    args.predictor = args.predictor or predictors.default()
+    args.verifier = args.verifier or verifiers.default("union")
+    if args.verifiers is None:
+        args.verifiers = f"{verifiers.default()},{verifiers.default('union')}"
+    return args
+
+
+def _components(target: Any, args: argparse.Namespace):
+    from specmoe.bench.drafters import bench_drafter
+    from specmoe.registry import predictors, selectors
+
+    drafter = bench_drafter(target, args)
     sel = selectors.get(args.selector)()
     pred = None
     if sel.needs_experts:
@@ -177,6 +187,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     from specmoe.decoding.stopping import StopRule
     from specmoe.registry import verifiers
 
+    resolve_defaults(args)
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     dev = target.device
     verifiers.get(args.verifier)().install(target)
@@ -268,8 +279,8 @@ def verifier_times(target: Any, args: argparse.Namespace, clock: Callable[[], fl
 
     dev = target.device
     names = [n for n in args.verifiers.split(",") if n]
-    if dev.type == "cuda" and "triton_union" not in names:
-        names.append("triton_union")
+    if dev.type == "cuda" and verifiers.default("cuda") not in names:
+        names.append(verifiers.default("cuda"))
     gen = torch.Generator().manual_seed(1)
     kv = target.new_kv(1, args.prompt_len + args.budget)
     ctx = torch.randint(0, target.vocab_size, (1, args.prompt_len), generator=gen).to(dev)
@@ -279,9 +290,8 @@ def verifier_times(target: Any, args: argparse.Namespace, clock: Callable[[], fl
     toks = torch.randint(0, target.vocab_size, (1, n), generator=gen).to(dev)
     out: dict[str, dict[str, float]] = {}
     for name in names:
-        opts = {"implementation": "grouped_mm"} if name == "hf_grouped_mm" else {}
         try:
-            verifiers.get("hf" if name == "hf_grouped_mm" else name)(**opts).install(target)
+            _verifier(name).install(target)
         except Exception as exc:  # noqa: BLE001 - a missing extra (triton) is reported, the rest measured
             out[name] = {"error": str(exc).splitlines()[0]}
             continue
@@ -302,6 +312,22 @@ def verifier_times(target: Any, args: argparse.Namespace, clock: Callable[[], fl
         ms = 1e3 * statistics.median(times)
         out[name] = {"ms": ms, "roofline_ms": 1e3 * b / bw, "ratio": ms / (1e3 * b / bw)}
     return out
+
+
+def _verifier(name: str) -> Any:
+    """The verifier ``name``: a registered one, or ``<verifier>_<implementation>`` for a registered verifier whose
+    ``Config`` has an ``implementation`` option (e.g. ``hf_grouped_mm``: transformers' grouped_mm experts)."""
+    import dataclasses
+
+    from specmoe.registry import verifiers
+
+    if name not in verifiers.names():
+        for base in verifiers.names():
+            config = getattr(verifiers.get(base), "Config", None)
+            if name.startswith(base + "_") and dataclasses.is_dataclass(config) and \
+                    any(f.name == "implementation" for f in dataclasses.fields(config)):
+                return verifiers.get(base)(implementation=name[len(base) + 1:])
+    return verifiers.get(name)()
 
 
 def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
@@ -355,9 +381,9 @@ def run_on_target(args: argparse.Namespace, name: str, measure_fn: Callable[[Any
     if args.clock == "thread" and torch.get_num_threads() != 1:
         raise UserError(f"bench {name}: --clock thread measures this thread's CPU time: add --threads 1")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    hf = targets.get("hf")
-    target = hf(path=args.target, device=device, dtype=args.dtype) if args.target else \
-        hf(tiny=dict(DEMO), cache_dir=args.cache_dir, device=device, dtype=args.dtype)
+    cls = targets.get(targets.default())
+    target = cls(path=args.target, device=device, dtype=args.dtype) if args.target else \
+        cls(tiny=dict(DEMO), cache_dir=args.cache_dir, device=device, dtype=args.dtype)
     r = measure_fn(target, args)
     print(report(r, args))
     if args.json:

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Verification latency vs unique experts per layer, measured on a real checkpoint (--target DIR).
 
-Loads the checkpoint with the ``hf`` target plugin (eager attention, ``eager`` experts: the loop over the
-routed experts that transformers ships), then times one verification-sized call of ``gamma * batch`` tokens
-while forcing the routing so that every MoE layer touches exactly ``u`` distinct experts, for ``u`` from
-``top_k`` to ``min(E, T * top_k)``. Token ``t`` slot ``j`` goes to expert ``S[(t * k + j) % u]`` of a fresh
-random set ``S`` per call (rows stay distinct; experts get equal loads).
+Loads the checkpoint with the registry's default target plugin (a Hugging Face one: ``hf``; eager attention,
+``eager`` experts: the loop over the routed experts that transformers ships), then times one verification-sized
+call of ``gamma * batch`` tokens while forcing the routing so that every MoE layer touches exactly ``u``
+distinct experts, for ``u`` from ``top_k`` to ``min(E, T * top_k)``. Token ``t`` slot ``j`` goes to expert
+``S[(t * k + j) % u]`` of a fresh random set ``S`` per call (rows stay distinct; experts get equal loads).
 
 ``--mode experts`` (default) calls every layer's experts module directly with the forced ``top_k_index``;
 ``--mode model`` runs the target's verification forward (``Target.forward``: the engine's 4D-mask call,
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
                         "--target DIR' (the same options; see 'platform bench goodput_cost --help')")
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = targets.get("hf")(path=args.target, device=args.device, dtype=args.dtype,
+    target = targets.get(targets.default())(path=args.target, device=args.device, dtype=args.dtype,
                                attn_implementation="eager")
     target.set_experts_implementation("eager")
     k, n_exp, n_layers = target.top_k, target.num_experts, len(target.moe_layer_ids)

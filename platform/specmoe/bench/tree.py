@@ -35,14 +35,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="checkpoint directory (default: the demo architecture, random weights)")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--drafter", default="eagle3")
-    p.add_argument("--drafter-path", default=None, help="drafter checkpoint (default: an untrained EAGLE-3)")
-    p.add_argument("--predictor", default="router_on_embedding", help="expert predictor of the cost-aware selectors")
+    p.add_argument("--drafter", default=None, help="default: the registry's default drafter")
+    p.add_argument("--drafter-path", default=None, help="drafter checkpoint (default: the drafter untrained)")
+    p.add_argument("--predictor", default=None,
+                   help="expert predictor of the cost-aware selectors (default: the registry's default predictor)")
     p.add_argument("--predictor-path", default=None)
-    p.add_argument("--selectors", default="confidence,ecospec", help="tree selectors, each raw and calibrated")
+    p.add_argument("--selectors", default=None, help="tree selectors, each raw and calibrated (default: the "
+                                                     "registry's default selector and its one that prices experts)")
     p.add_argument("--shapes", default=DEFAULT_SHAPES,
                    help="name=budget/steps/top_k[/frontier], comma-separated (frontier: the drafter's option)")
-    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--dataset", default=None, help="default: the registry's default dataset")
     p.add_argument("--format", default="zeroshot", help="the dataset's prompt format option ('' to leave as is)")
     p.add_argument("--data-dir", default=None, help="default: $SPECMOE_DATA_DIR")
     p.add_argument("--prompts", type=int, default=16)
@@ -82,6 +84,18 @@ def parse_shapes(text: str) -> dict[str, tuple[int, int, int, int | None]]:
     return out
 
 
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the components left unset with the registry's defaults (:meth:`specmoe.registry.Registry.default`)."""
+    from specmoe.registry import datasets, drafters, predictors, selectors
+
+    args.drafter = args.drafter or drafters.default()
+    args.predictor = args.predictor or predictors.default()
+    if args.selectors is None:
+        args.selectors = f"{selectors.default()},{selectors.default('experts')}"
+    args.dataset = args.dataset or datasets.default()
+    return args
+
+
 def _prompts(target: Any, args: argparse.Namespace, extra: int = 0) -> list[list[int]]:
     """The measured prompts (``args.prompts`` of the source), then ``extra`` others of the same source (the
     warm-up's): the measured ones are the same whatever ``extra`` is."""
@@ -105,10 +119,11 @@ def _prompts(target: Any, args: argparse.Namespace, extra: int = 0) -> list[list
         opts["format"] = args.format
     if args.data_dir or os.environ.get("SPECMOE_DATA_DIR"):
         opts["data_dir"] = args.data_dir or os.environ["SPECMOE_DATA_DIR"]
-    samples = datasets.get(args.dataset)(**opts, limit=args.prompts).load()
+    dataset = datasets.get(args.dataset or datasets.default())
+    samples = dataset(**opts, limit=args.prompts).load()
     if extra:
         ids = {s.id for s in samples}
-        more = datasets.get(args.dataset)(**opts, limit=args.prompts + extra).load()
+        more = dataset(**opts, limit=args.prompts + extra).load()
         samples = samples + [s for s in more if s.id not in ids][:extra]
     return [render_prompt(target.tokenizer, s) for s in samples]
 
@@ -122,6 +137,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     from specmoe.decoding.stopping import StopRule
     from specmoe.registry import drafters, predictors, selectors, verifiers
 
+    resolve_defaults(args)
     if getattr(args, "verifier", ""):
         verifiers.get(args.verifier)().install(target)
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
@@ -133,6 +149,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     everything = _prompts(target, args, n_warm)
     prompts, warm = everything[:args.prompts], everything[args.prompts:]
     shapes = parse_shapes(args.shapes)
+    chain_selector = selectors.default()  # a chain is verified whole: the plain selector, raw only
     methods: dict[str, tuple[Any, tuple[int, int, int]]] = {}
     for shape, (budget, steps, top_k, frontier) in shapes.items():
         if frontier not in by_frontier:
@@ -140,7 +157,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
             by_frontier[frontier] = drafters.get(args.drafter)(**opts, frontier=frontier)
             by_frontier[frontier].setup(target)
         chain = top_k == 1 and budget >= steps + 1
-        for sel_name in (["confidence"] if chain else [s for s in args.selectors.split(",") if s]):
+        for sel_name in ([chain_selector] if chain else [s for s in args.selectors.split(",") if s]):
             for calibrated in ([False] if chain else [False, True]):
                 sel = selectors.get(sel_name)(calibrated=calibrated)
                 name = f"{shape}/{sel_name}" if chain else f"{shape}/{sel_name}/{'cal' if calibrated else 'raw'}"

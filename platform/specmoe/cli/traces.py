@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--traces", required=True, help="trace directory (a collect_traces stage's output)")
     ev.add_argument("--split", default="test")
     ev.add_argument("--target", default=None, help="target checkpoint (default: the one recorded in the traces)")
-    ev.add_argument("--target-plugin", default="hf", help="target plugin name (default: hf)")
+    ev.add_argument("--target-plugin", default=None, help="target plugin name (default: the registry's default "
+                    "target, see 'platform ls')")
     ev.add_argument("--device", default="cpu")
     ev.add_argument("--max-samples", type=int, default=None)
     ev.add_argument("-p", "--predictor", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
@@ -54,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from specmoe.traces.format import TraceReader
 
     reader = TraceReader(args.traces)
-    target = targets.get(args.target_plugin)(path=args.target or reader.meta.target["path"], device=args.device)
+    target = targets.get(args.target_plugin or targets.default())(path=args.target or reader.meta.target["path"],
+                                                                   device=args.device)
     drafter = None
     if args.drafter:
         name, _, opts = args.drafter.partition(":")

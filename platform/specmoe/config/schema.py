@@ -38,7 +38,8 @@ class Component:
 
 
 def component(kind: str, default: str | None = None, optional: bool = False, *,
-              options: dict[str, Any] | None = None, name_default: str | None = None) -> Any:
+              options: dict[str, Any] | None = None, name_default: str | None = None,
+              registry_default: bool = False) -> Any:
     """Dataclass field holding a component of ``kind``.
 
     Args:
@@ -46,10 +47,18 @@ def component(kind: str, default: str | None = None, optional: bool = False, *,
         optional: the field may be left unset (``None``).
         name_default: registry key assumed when a mapping omits ``name`` (stage sub-components such as
             ``target: {path: "stage:target"}``).
+        registry_default: the default is the kind's default plugin (:meth:`specmoe.registry.Registry.default`:
+            the one the installed distributions declare), looked up when the field is filled.
     """
     md: dict[str, Any] = {"kind": kind}
     if name_default is not None:
         md["name_default"] = name_default
+    if registry_default:
+        def from_registry() -> Component:
+            from specmoe.registry import registry_for
+
+            return Component(registry_for(kind).default(), dict(options or {}), kind)
+        return field(default_factory=from_registry, metadata=md)
     if default is not None:
         return field(default_factory=lambda: Component(default, dict(options or {}), kind), metadata=md)
     if optional:
@@ -90,13 +99,14 @@ class DecodingConfig:
 
 @dataclass
 class MethodConfig:
-    """A named decoding method: drafter + predictor + selector (+ verifier). No drafter = autoregressive."""
+    """A named decoding method: drafter + predictor + selector (+ verifier). No drafter = autoregressive; no
+    selector / verifier: the registry's default one (:meth:`specmoe.registry.Registry.default`)."""
 
     name: str
     drafter: Optional[Component] = component("drafter", optional=True)
-    selector: Component = component("selector", "confidence")
+    selector: Component = component("selector", registry_default=True)
     predictor: Optional[Component] = component("predictor", optional=True)
-    verifier: Component = component("verifier", "hf")
+    verifier: Component = component("verifier", registry_default=True)
     analysis_only: bool = False
     """results are for analysis (e.g. oracle expert sets) and never reported as a real speedup."""
     budgets: Optional[list[int]] = None

@@ -18,13 +18,13 @@ old module                     new module (the drafter's folder, ``<pkg>``)
 ``specmoe.drafting.mtp_model``     ``<mtp>.model``
 =============================  ===============================================
 
-``<eagle3>`` is the package of the drafter registered as ``eagle3`` (the built-in one:
-``specmoe_plugins.drafters.eagle3``), and so on. The core never imports the plugins: the new place is found
-by asking the drafter registry where that drafter lives. ``import specmoe.drafting.<old>`` (or
-``from specmoe.drafting import <old>``) gives the new module itself, with a :class:`DeprecationWarning` naming it;
-importing this package warns too. The package itself exported no names (``__all__`` was empty), so it has none
-here either. A plugin should reuse a drafter through the registry (``drafters.get("eagle3")``) and take the
-interfaces from :mod:`specmoe.plugin_api`.
+``<eagle3>`` is the package of the built-in ``eagle3`` drafter (``specmoe_plugins.drafters.eagle3``), and so on
+(:data:`MOVED`: old module -> new module, written out as every other alias of a moved core module is; the core
+still imports no plugin: the new module is imported by name only when an old one is). ``import
+specmoe.drafting.<old>`` (or ``from specmoe.drafting import <old>``) gives the new module itself, with a
+:class:`DeprecationWarning` naming it; importing this package warns too. The package itself exported no names
+(``__all__`` was empty), so it has none here either. A plugin should reuse a drafter through the registry
+(``drafters.get(<name>)``) and take the interfaces from :mod:`specmoe.plugin_api`.
 """
 
 from __future__ import annotations
@@ -39,16 +39,16 @@ from typing import Any
 
 __all__: list[str] = []
 
-#: old submodule -> (drafter registry key, module inside that drafter's package)
+#: old module -> the module of the drafter plugin's folder that replaced it
 MOVED = {
-    "eagle3_model": ("eagle3", "model"),
-    "eagle3_io": ("eagle3", "checkpoint"),
-    "eagle3_tree": ("eagle3", "tree"),
-    "eagle3_ttt": ("eagle3", "ttt"),
-    "vocab_map": ("eagle3", "vocab_map"),
-    "gto": ("gto", "objective"),
-    "mtp_io": ("mtp", "checkpoint"),
-    "mtp_model": ("mtp", "model"),
+    "specmoe.drafting.eagle3_model": "specmoe_plugins.drafters.eagle3.model",
+    "specmoe.drafting.eagle3_io": "specmoe_plugins.drafters.eagle3.checkpoint",
+    "specmoe.drafting.eagle3_tree": "specmoe_plugins.drafters.eagle3.tree",
+    "specmoe.drafting.eagle3_ttt": "specmoe_plugins.drafters.eagle3.ttt",
+    "specmoe.drafting.vocab_map": "specmoe_plugins.drafters.eagle3.vocab_map",
+    "specmoe.drafting.gto": "specmoe_plugins.drafters.gto.objective",
+    "specmoe.drafting.mtp_io": "specmoe_plugins.drafters.mtp.checkpoint",
+    "specmoe.drafting.mtp_model": "specmoe_plugins.drafters.mtp.model",
 }
 _REMOVAL = "specmoe 0.3.0"
 
@@ -58,16 +58,8 @@ warnings.warn(f"'{__name__}' is deprecated: its modules moved into the drafter p
 
 
 def new_module_name(old: str) -> str:
-    """The full name of the module that replaced ``specmoe.drafting.<old>``, from the drafter registry."""
-    from specmoe.registry import drafters
-
-    key, sub = MOVED[old]
-    found = [target for name, target, _ in drafters.entries() if name == key]
-    if not found:
-        raise ImportError(f"'{__name__}.{old}' moved into the package of the '{key}' drafter, but no drafter "
-                          f"'{key}' is registered (is specmoe installed with its built-in plugins?)")
-    module = found[0].partition(":")[0]
-    return f"{module.rpartition('.')[0]}.{sub}"
+    """The full name of the module that replaced ``specmoe.drafting.<old>``."""
+    return MOVED[f"{__name__}.{old}"]
 
 
 def _warn_at_importer(message: str) -> None:
@@ -85,8 +77,7 @@ def _warn_at_importer(message: str) -> None:
 def _resolve(old: str) -> ModuleType:
     new = new_module_name(old)
     _warn_at_importer(f"'{__name__}.{old}' moved to '{new}'; reuse the drafter through the registry "
-                      f"(drafters.get('{MOVED[old][0]}')) or import '{new}'; the alias will be removed in "
-                      f"{_REMOVAL}")
+                      f"(specmoe.registry.drafters) or import '{new}'; the alias will be removed in {_REMOVAL}")
     return importlib.import_module(new)
 
 
@@ -108,10 +99,9 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
     """Finds exactly the moved submodules of this package (every other name is left to the other finders)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None):
-        parent, _, old = fullname.rpartition(".")
-        if parent != __name__ or old not in MOVED:
+        if fullname not in MOVED:
             return None
-        return importlib.util.spec_from_loader(fullname, _AliasLoader(old))
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(fullname.rpartition(".")[2]))
 
 
 # once per process, also when this package is imported again (a test that clears sys.modules)
@@ -120,7 +110,7 @@ if not any(type(f).__qualname__ == "_AliasFinder" and type(f).__module__ == __na
 
 
 def __getattr__(name: str) -> Any:
-    if name in MOVED:
+    if f"{__name__}.{name}" in MOVED:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r} (a deprecated alias; see its docstring "
                          f"for where its modules moved)")

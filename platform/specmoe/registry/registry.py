@@ -8,6 +8,11 @@ Plugins arrive three ways, all lazy until :meth:`Registry.get`:
 * Python entry points in the group ``specmoe.<kind>s`` (built-ins are declared there too).
 
 A recipe may also name a class directly as ``"pkg.mod:Class"``.
+
+Where a recipe or a command names no plugin of a kind, the one it takes comes from the entry-point group
+``specmoe.defaults`` (:meth:`Registry.default`): an entry ``<kind>`` (or ``<kind>.<role>``, a second default for
+a purpose, e.g. ``selector.experts``: the selector that prices experts) whose value is the default plugin's own
+entry-point value. The core names no plugin: the distribution that ships the plugins says which are the defaults.
 """
 
 from __future__ import annotations
@@ -22,10 +27,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 __all__ = ["Registry", "ModuleRegistry", "RegistryError", "UnknownPluginError", "DuplicatePluginError",
-           "normalize_name", "import_object", "module_distribution"]
+           "normalize_name", "import_object", "module_distribution", "DEFAULTS_GROUP"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: entry-point group of the default plugins: ``<kind>[.<role>] = "<the default plugin's entry-point value>"``
+DEFAULTS_GROUP = "specmoe.defaults"
 
 
 class RegistryError(Exception):
@@ -267,6 +275,26 @@ class Registry(Generic[T]):
         hint = f" Did you mean '{close[0]}'?" if close else ""
         return (f"unknown {self.kind} '{name}'.{hint} Available: {', '.join(avail) or '(none)'}. "
                 f"A class can also be named as 'package.module:Class'.")
+
+    def default(self, role: str = "") -> str:
+        """The registry name of this kind's default plugin (``role``: a named default beside the plain one), from
+        the entry point ``<kind>[.<role>]`` of the group :data:`DEFAULTS_GROUP`, whose value is that plugin's
+        entry-point value (``"pkg.mod:Class"``). Raises :class:`RegistryError` when no installed distribution
+        declares it, when several declare different ones, or when no registered plugin has that value."""
+        key = f"{self.kind}.{role}" if role else self.kind
+        values = sorted({ep.value for ep in importlib.metadata.entry_points(group=DEFAULTS_GROUP) if ep.name == key})
+        what = f"default {self.kind}" + (f" ({role})" if role else "")
+        if not values:
+            raise RegistryError(f"no {what} is declared (an entry point '{key}' in the group '{DEFAULTS_GROUP}'); "
+                                f"name one: {', '.join(self.names()) or '(none registered)'}")
+        if len(values) > 1:
+            raise RegistryError(f"the {what} is declared more than once ({', '.join(values)}, entry point '{key}' "
+                                f"of '{DEFAULTS_GROUP}'); name one: {', '.join(self.names())}")
+        found = [name for name, target, _ in self.entries() if target == values[0]]
+        if not found:
+            raise RegistryError(f"the {what} is declared as '{values[0]}', which no registered {self.kind} is; "
+                                f"registered: {', '.join(self.names()) or '(none)'}")
+        return found[0]
 
     def suggest(self, name: str) -> str | None:
         close = difflib.get_close_matches(normalize_name(name), self.names(), n=1, cutoff=0.5)
