@@ -155,3 +155,25 @@ def test_prompts_for_margin_and_max_prompts_are_checked_before_any_work():
     text = str(err.value)
     assert "eval.prompts_for_margin" in text and "(0, 1)" in text and "eval.max_prompts" in text
     assert load_recipe(recipe, ["eval.prompts_for_margin=0.05"], check_plugins=False).eval.prompts_for_margin == 0.05
+
+
+def test_layers_and_overrides_keep_their_plain_semantics(tmp_path):
+    """What ``OmegaConf.merge`` / ``from_dotlist`` would do otherwise (``specmoe.config.load``'s docstring): a later
+    layer's list replaces a base mapping and its ``???`` replaces a value; an override's numeric part indexes (and
+    appends to) a list, ``1e-3`` stays YAML's string, and a component name becomes a mapping when a key is set in
+    it; each key keeps the file or override that set it."""
+    from specmoe.config.load import _Origins, apply_overrides, load_layers
+
+    write(tmp_path / "base.yaml", "a: {x: 1}\nb: 2\nm: [{name: ar}, {name: e, selector: ecospec}]\n")
+    top = write(tmp_path / "top.yaml", "base: base.yaml\na: [1, 2]\nb: '???'\n")
+    problems: list = []
+    origins = _Origins(str(top))
+    merged = load_layers(top, problems, origins)
+    assert problems == [] and merged == {"a": [1, 2], "b": "???", "m": [{"name": "ar"}, {"name": "e",
+                                                                                       "selector": "ecospec"}]}
+    assert origins.of("a.0") == str(top) and origins.of("m.1.selector") == str(tmp_path / "base.yaml")
+    out = apply_overrides(merged, ["m.1.selector.eps=1e-3", "m.2={name: x}", "~a.0", "c.d=on"], problems, origins)
+    assert problems == []
+    assert out["m"][1]["selector"] == {"name": "ecospec", "eps": "1e-3"} and out["m"][2] == {"name": "x"}
+    assert out["a"] == [2] and out["c"] == {"d": True}
+    assert origins.of("m.1.selector.eps") == "command-line override 'm.1.selector.eps=1e-3'"

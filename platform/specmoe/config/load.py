@@ -3,6 +3,21 @@
 
 Every problem is collected and reported together (:class:`ConfigError`), each with the file that set the
 key, the dotted key and a hint.
+
+Interpolation is OmegaConf's (:func:`resolve_interpolations`). The base-chain merge (:func:`_deep_merge`) and the
+dotted overrides (:func:`apply_overrides`) stay plain dict code, because ``OmegaConf.merge`` /
+``OmegaConf.from_dotlist`` would change what a recipe means:
+
+* ``OmegaConf.merge`` refuses a layer that puts a list where its base has a mapping (or the reverse: "cannot
+  merge incompatible container types"; here the later layer's value replaces, and validation names the key), and
+  treats ``???`` as "missing": a later layer's ``???`` would keep the base's value instead of replacing it;
+* ``from_dotlist`` builds mappings only: ``methods.2.budget=3`` would become a key ``"2"`` instead of list item
+  2, so neither setting a list item, nor appending (``methods.3=...`` on three methods), nor the component
+  shorthand (``methods.1.selector.alpha=1`` turns ``selector: ecospec`` into ``{name: ecospec, alpha: 1}``), nor
+  ``~key`` deletion is expressible, and it parses values with OmegaConf's grammar, not YAML's (``1e-3`` is a
+  float there and a string in YAML 1.1; ``on`` is a string there and true in YAML);
+* either one loses the origin tracking (which file or override set each key) that every :class:`Problem`
+  names.
 """
 
 from __future__ import annotations
@@ -83,6 +98,8 @@ def _find_base(ref: str, recipe: Path) -> Path:
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on ``base``: mappings merge key by key, every other value (a list, ``???``, a list over a mapping)
+    replaces (why not ``OmegaConf.merge``: the module docstring)."""
     out = dict(base)
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
@@ -154,7 +171,9 @@ def _walk_to(root: Any, parts: list[str], create: bool) -> tuple[Any, str | int]
 
 def apply_overrides(cfg: dict[str, Any], overrides: Sequence[str], problems: list[Problem],
                     origins: _Origins) -> dict[str, Any]:
-    """Apply ``key=value``, ``+key=value`` (add) and ``~key`` (delete; ``~methods.2`` removes an item)."""
+    """Apply ``key=value``, ``+key=value`` (add) and ``~key`` (delete; ``~methods.2`` removes an item). A numeric
+    part indexes a list (one past the end appends), a component written as its name becomes ``{name: ...}`` when
+    a key is set inside it, values are YAML (why not ``OmegaConf.from_dotlist``: the module docstring)."""
     for ov in overrides:
         src = f"command-line override '{ov}'"
         if ov.startswith("~"):
