@@ -180,7 +180,7 @@ def test_training_stages_share_one_set_of_optimizer_options(tmp_path):
     from specmoe.training.trainer import OptimizerOptions
 
     sharing = {n for n in stages.names() if issubclass(stages.get(n).Config, OptimizerOptions)}
-    assert {"pretrain_target", "train_predictor", "train_draft_head"} <= sharing
+    assert {"pretrain_target", "train_predictor", "train_draft_head", "train_mtp"} <= sharing
     names = [f.name for f in dataclasses.fields(OptimizerOptions)]
     assert names == ["lr", "weight_decay", "warmup_steps"]
     base = {f.name: f.default for f in dataclasses.fields(OptimizerOptions)}
@@ -189,10 +189,11 @@ def test_training_stages_share_one_set_of_optimizer_options(tmp_path):
         own = [k for k in vars(config).get("__annotations__", {}) if k in names]
         assert all(getattr(config, k) != base[k] for k in own), (n, own)
     defaults = {n: stages.get(n)().config.optimizer() for n in ("pretrain_target", "train_predictor",
-                                                                 "train_draft_head")}
+                                                                 "train_draft_head", "train_mtp")}
     assert defaults == {"pretrain_target": {"lr": 2e-3, "weight_decay": 0.1, "warmup_steps": 20},
                         "train_predictor": {"lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0},
-                        "train_draft_head": {"lr": 2e-3, "weight_decay": 0.0, "warmup_steps": 0}}
+                        "train_draft_head": {"lr": 2e-3, "weight_decay": 0.0, "warmup_steps": 0},
+                        "train_mtp": {"lr": 1e-3, "weight_decay": 0.0, "warmup_steps": 20}}
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: k\nstages:\n  - {id: p, name: train_predictor, traces: /x, lr: 0.5, warmup_steps: 3}\n")
@@ -202,3 +203,22 @@ def test_training_stages_share_one_set_of_optimizer_options(tmp_path):
     recipe.write_text("name: k\nstages:\n  - {id: p, name: train_predictor, traces: /x, warmup_step: 3}\n")
     with pytest.raises(ConfigError, match="warmup_step"):
         load_recipe(recipe)
+
+
+def test_train_mtp_keeps_its_stage_keys_on_the_shared_options(tmp_path):
+    """train_mtp's Config took its optimiser fields from ``OptimizerOptions``: the same names and defaults, so the
+    same cache keys as before (computed at the commit before the change), with and without the options set."""
+    from specmoe.config.load import load_recipe
+    from specmoe.stages.runner import StageRunner
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(textwrap.dedent("""
+        name: keys
+        stages:
+          - {id: target, name: pretrain_target, trainer: {precision: 32-true}}
+          - {id: mtp, name: train_mtp, target: {path: "stage:target"}, responses: /x, trainer: {precision: 32-true}}
+          - {id: mtp2, name: train_mtp, target: {path: "stage:target"}, responses: /x, lr: 0.5, warmup_steps: 3,
+             trainer: {precision: 32-true}}
+    """))
+    keys = StageRunner(load_recipe(recipe).stages, tmp_path / "cache").keys
+    assert keys == {"target": "f0c18bf7cc3955bf", "mtp": "2ea60f2d0817a419", "mtp2": "b77faedde6c7a533"}

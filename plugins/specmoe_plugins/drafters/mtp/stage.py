@@ -21,7 +21,7 @@ from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.stage import Stage, StageContext
-from specmoe.training.trainer import trainer_key_facts
+from specmoe.training.trainer import OptimizerOptions, trainer_key_facts
 
 __all__ = ["TrainMTP"]
 
@@ -35,7 +35,7 @@ class TrainMTP(Stage):
     distributed = True  # Lightning DDP under torchrun / SLURM: every rank trains, rank 0 exports
 
     @dataclass
-    class Config:
+    class Config(OptimizerOptions):
         target: Component = component("target", "hf", options={"path": "stage:target"}, name_default="hf")
         """the frozen target (``name`` defaults to ``hf``)."""
         responses: str = "stage:responses"
@@ -58,8 +58,6 @@ class TrainMTP(Stage):
         """weight of the soft cross-entropy to the target's distribution of token p+2."""
         max_length: int = 512
         batch_size: int = 8
-        lr: float = 1.0e-3
-        weight_decay: float = 0.0
         warmup_steps: int = 20
         min_lr_ratio: float = 0.1
         max_prompt_tokens: Optional[int] = None
@@ -117,8 +115,7 @@ class TrainMTP(Stage):
         for name, param in head.named_parameters():  # copies of the target's head/embedding stay frozen
             if name.startswith(("shared_head.head.", "embed_tokens.")):
                 param.requires_grad_(False)
-        module = MTPTrainModule(head, target, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio,
+        module = MTPTrainModule(head, target, **cfg.optimizer(), min_lr_ratio=cfg.min_lr_ratio,
                                 ce_weight=cfg.ce_weight, kl_weight=cfg.kl_weight, depths=cfg.depths,
                                 depth_decay=cfg.depth_decay)
         t0 = time.perf_counter()
