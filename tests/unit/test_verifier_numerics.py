@@ -224,7 +224,7 @@ def test_cases_cover_the_routing_edge_cases():
 
 @pytest.mark.parametrize("t,k,e", [(1, 4, 16), (5, 2, 8), (16, 4, 16), (3, 8, 256)])
 def test_routing_meta_groups_slots_by_expert(t, k, e):
-    from specmoe.kernels.routing_meta import routing_meta
+    from specmoe_plugins.verifiers.triton_union.routing_meta import routing_meta
 
     g = torch.Generator().manual_seed(t * 1000 + e)
     idx = _rows(t, k, e, g)
@@ -335,7 +335,7 @@ def test_triton_interpreter_rejects_bf16(triton_report):
 
 if __name__ == "__main__":  # the interpreter subprocess: python test_verifier_numerics.py REPORT.json
     torch.set_num_threads(1)
-    from specmoe.kernels import union_moe
+    from specmoe_plugins.verifiers.triton_union import kernels as union_moe
 
     if not union_moe.is_interpreted():
         sys.exit("TRITON_INTERPRET=1 must be set for this script")

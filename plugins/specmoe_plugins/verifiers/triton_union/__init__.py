@@ -2,7 +2,7 @@
 """``triton_union``: expert-major, read-once Triton kernels for the verification pass.
 
 For ``T <= max_tokens`` tokens per MoE layer call (``T = gamma * batch`` in a verify step), each union
-expert's weights are streamed once by the kernels of :mod:`specmoe.kernels.union_moe`. Above ``max_tokens`` (e.g. a
+expert's weights are streamed once by the kernels of :mod:`.kernels` (in this folder). Above ``max_tokens`` (e.g. a
 long prefill) the call falls back to the PyTorch union path (``torch_union``): the kernels use one M tile of
 ``next_pow2(T)`` rows per expert, which stops paying off once experts hold many rows.
 
@@ -63,13 +63,13 @@ class TritonUnionVerifier(Verifier):
         """The kernel module (imports triton on first use)."""
         if self._kernels is None:
             require("triton", "triton")
-            from specmoe.kernels import union_moe
+            from specmoe_plugins.verifiers.triton_union import kernels
 
             c = self.config
-            self._blocks = union_moe.UnionBlocks(block_n=c.block_n, block_k=c.block_k,
-                                                 down_block_n=c.down_block_n, down_block_k=c.down_block_k,
-                                                 num_warps=c.num_warps, num_stages=c.num_stages)
-            self._kernels = union_moe
+            self._blocks = kernels.UnionBlocks(block_n=c.block_n, block_k=c.block_k,
+                                               down_block_n=c.down_block_n, down_block_k=c.down_block_k,
+                                               num_warps=c.num_warps, num_stages=c.num_stages)
+            self._kernels = kernels
         return self._kernels
 
     def experts_forward(self, module: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
