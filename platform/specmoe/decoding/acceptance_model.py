@@ -125,7 +125,10 @@ def brier_score(pred: np.ndarray, outcome: np.ndarray) -> float:
 
 
 def expected_calibration_error(pred: np.ndarray, outcome: np.ndarray, bins: int = 10) -> float:
-    """``sum_b n_b / n * |mean(pred_b) - mean(outcome_b)|`` over ``bins`` equal-width probability bins."""
+    """``sum_b n_b / n * |mean(pred_b) - mean(outcome_b)|`` over ``bins`` equal-width probability bins (in float64;
+    a probability of exactly 1 is in the last bin). Not torchmetrics' ``binary_calibration_error``: it bins in
+    float32 against ``linspace`` edges and gives 1.0 a bin of its own, which moved the reported ECE by up to 0.02
+    on the same predictions (tried on random and rounded ones)."""
     pred, outcome = np.asarray(pred, np.float64), np.asarray(outcome, np.float64)
     if pred.size == 0:
         return float("nan")
