@@ -132,6 +132,8 @@ def test_defaults_come_from_the_defaults_group():
         ("ecospec", "torch_union", "triton_union")
     with pytest.raises(RegistryError, match=r"no default stage is declared.*name one: .*train_eagle3"):
         KINDS["stage"].default()
+    assert KINDS["verifier"].defaults() == {"": "hf", "union": "torch_union", "cuda": "triton_union"}
+    assert KINDS["stage"].defaults() == {}
 
 
 def test_a_default_declared_twice_or_unregistered_is_reported(monkeypatch):
@@ -157,3 +159,12 @@ def test_a_method_without_selector_or_verifier_takes_the_defaults():
     m = MethodConfig(name="m")
     assert (m.selector.name, m.selector.kind, m.verifier.name, m.verifier.kind) == \
         ("confidence", "selector", "hf", "verifier")
+
+
+def test_ls_marks_the_defaults(capsys):
+    from specmoe.cli.main import main
+
+    assert main(["ls", "selector"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["confidence"].endswith("(default)") and rows["ecospec"].endswith("(default experts)")
+    assert "default" not in rows["global_cost"].rpartition("]")[2]

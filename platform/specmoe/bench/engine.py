@@ -64,7 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill the components left unset with the registry's defaults (:meth:`specmoe.registry.Registry.default`)."""
+    """Fill the components left unset with the registry's defaults (:meth:`specmoe.registry.Registry.default`;
+    ``platform ls`` marks them)."""
     from specmoe.registry import drafters, predictors, selectors, verifiers
 
     args.drafter = args.drafter or drafters.default()

@@ -85,7 +85,8 @@ def parse_shapes(text: str) -> dict[str, tuple[int, int, int, int | None]]:
 
 
 def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill the components left unset with the registry's defaults (:meth:`specmoe.registry.Registry.default`)."""
+    """Fill the components left unset with the registry's defaults (:meth:`specmoe.registry.Registry.default`;
+    ``platform ls`` marks them)."""
     from specmoe.registry import datasets, drafters, predictors, selectors
 
     args.drafter = args.drafter or drafters.default()

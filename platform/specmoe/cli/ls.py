@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``platform ls [kind]``: list registered plugins and where each comes from (imports no plugin)."""
+"""``platform ls [kind]``: list registered plugins, where each comes from and which are the defaults a recipe or
+command takes where it names none (``specmoe.defaults``; imports no plugin)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
         if not entries:
             print("  (none)")
         width = max((len(n) for n, _, _ in entries), default=0)
+        marks: dict[str, list[str]] = {}
+        for role, name in sorted(reg.defaults().items()):
+            marks.setdefault(name, []).append(f"default{' ' + role if role else ''}")
         for name, target, origin in entries:
-            print(f"  {name:<{width}}  {target}  [{origin}]")
+            mark = f"  ({', '.join(marks[name])})" if name in marks else ""
+            print(f"  {name:<{width}}  {target}  [{origin}]{mark}")
     return 0

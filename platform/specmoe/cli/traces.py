@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--split", default="test")
     ev.add_argument("--target", default=None, help="target checkpoint (default: the one recorded in the traces)")
     ev.add_argument("--target-plugin", default=None, help="target plugin name (default: the registry's default "
-                    "target, see 'platform ls')")
+                    "target, marked by 'platform ls target')")
     ev.add_argument("--device", default="cpu")
     ev.add_argument("--max-samples", type=int, default=None)
     ev.add_argument("-p", "--predictor", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",

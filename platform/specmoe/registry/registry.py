@@ -296,6 +296,19 @@ class Registry(Generic[T]):
                                 f"registered: {', '.join(self.names()) or '(none)'}")
         return found[0]
 
+    def defaults(self) -> dict[str, str]:
+        """``{role: name}`` of every default of this kind that names a registered plugin (``""``: the plain
+        default); what :meth:`default` gives, without its errors (``platform ls`` marks them)."""
+        out: dict[str, str] = {}
+        for ep in importlib.metadata.entry_points(group=DEFAULTS_GROUP):
+            kind, _, role = ep.name.partition(".")
+            if kind == self.kind:
+                try:
+                    out[role] = self.default(role)
+                except RegistryError:
+                    continue
+        return out
+
     def suggest(self, name: str) -> str | None:
         close = difflib.get_close_matches(normalize_name(name), self.names(), n=1, cutoff=0.5)
         return close[0] if close else None
