@@ -26,10 +26,15 @@ __all__ = ["KVState", "SlotLayer", "slot_cache", "additive_mask"]
 _MIN_CAPACITY = 64
 
 
+@functools.lru_cache(maxsize=None)
+def _zero(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-dim zero of ``dtype`` (read only, shared)."""
+    return torch.zeros((), dtype=dtype, device=device)
+
+
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool ``[...]`` -> float mask with 0 where allowed and ``finfo(dtype).min`` elsewhere."""
-    zero = torch.zeros((), dtype=dtype, device=allowed.device)
-    return torch.where(allowed, zero, torch.finfo(dtype).min)
+    return torch.where(allowed, _zero(dtype, allowed.device), torch.finfo(dtype).min)
 
 
 def _grown(buf: torch.Tensor, length: int, need: int) -> torch.Tensor:
@@ -206,11 +211,15 @@ class KVState:
         ``dtype``."""
         n = q_pos.shape[1]
         keys_pos = torch.cat([self.pos, q_pos], dim=1)  # [B, S + N]
-        old = self.valid[:, None, :] & q_valid[:, :, None]
+        q_col = q_valid[:, :, None]
+        old = self.valid[:, None, :] & q_col
         if cached_attend is not None:
             old = old & cached_attend
-        eye = torch.eye(n, dtype=torch.bool, device=q_pos.device)[None]
-        new = (attend & q_valid[:, None, :] & q_valid[:, :, None]) | (eye & ~q_valid[:, :, None])
+        if n == 1:  # the expression below for one query: it sees itself where attend does or it is padding
+            new = attend | ~q_col
+        else:
+            eye = torch.eye(n, dtype=torch.bool, device=q_pos.device)[None]
+            new = (attend & q_valid[:, None, :] & q_col) | (eye & ~q_col)
         base = torch.cat([old, new], dim=2)
         out = []
         for window in windows:

@@ -252,18 +252,64 @@ def _few_packed(module: Any, layout: ExpertsLayout, hidden: torch.Tensor, ids: l
     a = _packed_gate(module, layout, h[0] if len(h) == 1 else torch.cat(h))
     parts = a.split([c for _, c in runs]) if len(runs) > 1 else (a,)
     y = [linear.packed_linear(r, packs[e][1], packs[e][3]) for (e, _), r in zip(runs, parts)]
+    return _combine(y[0] if len(y) == 1 else torch.cat(y), ids, slots, top_k_weights, layout.hidden, hidden.dtype)
+
+
+def _combine(y: torch.Tensor, ids: list[list[int]], slots: tuple[int, ...], top_k_weights: torch.Tensor,
+             hidden: int, dtype: torch.dtype) -> torch.Tensor:
+    """Slot outputs ``y [T * K, H]`` in ``slots`` order -> ``[T, H]``: each scaled by its routing weight in
+    float32, a token's slots added in ascending expert id (as the model's eager loop), cast to ``dtype``."""
+    t, k = len(ids), len(ids[0])
     w = top_k_weights.reshape(-1)
-    y = (y[0] if len(y) == 1 else torch.cat(y)) * (w if w.dtype == torch.float32 else w.float())[_index(slots)][:, None]
+    w = w if w.dtype == torch.float32 else w.float()
+    y = (y if y.dtype == torch.float32 else y.float()) * w[_index(slots)][:, None]
     if t > 1:  # per token, its slots in ascending expert id (their order in ``slots``)
         where = [0] * (t * k)
         for j, s in enumerate(slots):
             where[s] = j
         y = y[_index(tuple(where[i * k + j] for i in range(t) for j in sorted(range(k), key=ids[i].__getitem__)))]
-    cols = y.view(t, k, layout.hidden).unbind(1)
+    cols = y.view(t, k, hidden).unbind(1)
     acc = cols[0]
     for c in cols[1:]:
         acc = acc + c
-    return acc if acc.dtype == hidden.dtype else acc.to(hidden.dtype)
+    return acc if acc.dtype == dtype else acc.to(dtype)
+
+
+def _row_weights(module: Any, layout: ExpertsLayout) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(gate_up [E, H, 2I], down [E, I, H])`` as ``[in, out]`` views when both are stored output-major
+    (:func:`prepare`), i.e. when :func:`_matmuls` gives every reduced-precision CPU row torch's single-row
+    kernel; else ``None``."""
+    w_gu, w_d = module.gate_up_proj, module.down_proj
+    if not layout.transposed:
+        w_gu, w_d = w_gu.transpose(-2, -1), w_d.transpose(-2, -1)
+    return (w_gu, w_d) if w_gu.stride(-2) == 1 and w_d.stride(-2) == 1 else None
+
+
+def _few_rows(module: Any, layout: ExpertsLayout, hidden: torch.Tensor, ids: list[list[int]],
+              top_k_weights: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """:func:`_few` for bf16 / fp16 experts on a CPU stored output-major: every slot's row through torch's
+    single-row kernel (oneDNN off), as :func:`_matmuls` does, in fewer framework operations (a single token's
+    row feeds each of its experts directly; one oneDNN switch per call; index tensors kept)."""
+    t, k = len(ids), len(ids[0])
+    flat = [e for row in ids for e in row]
+    slots = tuple(sorted(range(t * k), key=flat.__getitem__))  # stable: ties keep slot order
+    experts = [flat[s] for s in slots]
+    w_gu, w_d = weights
+    x = hidden if hidden.dtype == w_gu.dtype else hidden.to(w_gu.dtype)
+    rows = [x] * (t * k) if t == 1 else x[_index(tuple(s // k for s in slots))].split(1)
+    on = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        h = torch.cat([linear.single_row_mm(r, w_gu[e]) for r, e in zip(rows, experts)])
+        if layout.has_bias:
+            h = h + module.gate_up_proj_bias[_index(tuple(experts))]
+        a = apply_gate(module, layout, h).split(1)
+        y = torch.cat([linear.single_row_mm(r, w_d[e]) for r, e in zip(a, experts)])
+    finally:
+        torch.backends.mkldnn.enabled = on
+    if layout.has_bias:
+        y = y + module.down_proj_bias[_index(tuple(experts))]
+    return _combine(y, ids, slots, top_k_weights, layout.hidden, hidden.dtype)
 
 
 def _few(module: Any, layout: ExpertsLayout, hidden: torch.Tensor, ids: list[list[int]],
@@ -277,9 +323,14 @@ def _few(module: Any, layout: ExpertsLayout, hidden: torch.Tensor, ids: list[lis
     gathers: ~15 framework operations per layer, the larger part of a one-token step's experts time on the demo
     target). ``ids``: ``[T][K]`` expert ids, all in ``[0, E)``.
     """
-    packs = None if torch.is_grad_enabled() and hidden.requires_grad else packed_experts(module, layout)
+    no_grad = not (torch.is_grad_enabled() and hidden.requires_grad)
+    packs = packed_experts(module, layout) if no_grad else None
     if packs is not None:
         return _few_packed(module, layout, hidden, ids, top_k_weights, packs)
+    if no_grad and module.gate_up_proj.dtype in (torch.bfloat16, torch.float16):
+        weights = _row_weights(module, layout)
+        if weights is not None:
+            return _few_rows(module, layout, hidden, ids, top_k_weights, weights)
     t, k = len(ids), len(ids[0])
     flat = [e for row in ids for e in row]
     slots = sorted(range(t * k), key=flat.__getitem__)  # stable: ties keep slot order

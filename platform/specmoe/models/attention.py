@@ -83,9 +83,10 @@ def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
         mask = _group_mask(attention_mask, b, hkv, rep, n, s, scores.dtype)
         if mask is not None:
             scores = scores + mask
-        sink = sinks.to(scores.dtype).view(1, hkv, rep, 1, 1).expand(b, hkv, rep, n, 1)
-        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1, dtype=torch.float32)[..., :s]
-        out = torch.bmm(probs.reshape(b * hkv, rep * n, s).to(value.dtype), value.reshape(b * hkv, s, dv))
+        sink = (sinks if sinks.dtype == scores.dtype else sinks.to(scores.dtype)).view(1, hkv, rep, 1, 1)
+        probs = torch.softmax(torch.cat([scores, sink.expand(b, hkv, rep, n, 1)], dim=-1), dim=-1,
+                              dtype=torch.float32)[..., :s].reshape(b * hkv, rep * n, s)
+        out = torch.bmm(probs if probs.dtype == value.dtype else probs.to(value.dtype), value.reshape(b * hkv, s, dv))
     return out.view(b, hq, n, dv).transpose(1, 2).contiguous(), None
 
 

@@ -94,16 +94,31 @@ def _unsupported(model: Any) -> str | None:
 
 def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     """The model's RMSNorm of ``x``: float32 statistics, the weight applied in float32, cast back."""
-    xf = x.float()
+    xf = x if x.dtype == torch.float32 else x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + _rms_eps(norm))
     y = norm.weight * y
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Half-split rotary embedding of ``x [B, H, N, D]`` with ``cos`` / ``sin`` ``[B, 1, N, D / 2]``."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Half-split rotary embedding of ``x [B, H, N, D]`` with the full-width tables ``cos`` / ``sin``
+    ``[B, 1, N, D]`` of :meth:`LeanDecoder._rotary` (``sin``'s first half negated): ``x * cos + [x2, x1] * sin``,
+    the same products and sums as ``(x1 cos - x2 sin, x2 cos + x1 sin)`` (a negated product is exact)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+
+
+def _full_tables(cos: torch.Tensor, sin: torch.Tensor, half: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rotary module's ``(cos, sin)`` ``[..., D / 2]`` or ``[..., D]`` (the rotate-half convention's tables
+    hold each frequency twice) -> full-width ``(cos, sin)`` ``[..., D]`` with ``sin``'s first half negated."""
+    c, s = (cos, sin) if cos.shape[-1] == half else (cos[..., :half], sin[..., :half])
+    return torch.cat((c, c), dim=-1), torch.cat((-s, s), dim=-1)
+
+
+def _static_rope(rotary: Any) -> bool:
+    """Whether ``rotary``'s tables depend on the position alone (not on the longest sequence seen, as the
+    ``dynamic`` and ``longrope`` types do), so one table serves every pass."""
+    kind = str(getattr(rotary, "rope_type", "default"))
+    return "dynamic" not in kind and kind != "longrope" and isinstance(getattr(rotary, "inv_freq", None), torch.Tensor)
 
 
 class _Attention:
@@ -146,7 +161,8 @@ class _Attention:
             q, k, v = q.float(), k.float(), v.float()
         keys, values = cache.update(k, v, layer_idx)
         out, _ = grouped_attention(self.attn, q, keys, values, mask, scaling=self.scaling, s_aux=self.sinks)
-        return self.o_proj(out.reshape(b, n, hq * d).to(x.dtype))
+        out = out.reshape(b, n, hq * d)
+        return self.o_proj(out if out.dtype == x.dtype else out.to(x.dtype))
 
 
 class LeanDecoder:
@@ -170,6 +186,7 @@ class LeanDecoder:
         head = model.get_output_embeddings()
         self.lm_head = linear.FusedLinear([head], keep_float=True) if isinstance(head, torch.nn.Linear) else head
         self.reduced = linear.reduced_cpu(self.embed.weight)
+        self._table: tuple | None = None  # (stamp, cos [P, D], sin [P, D]) of every position < P
 
     @classmethod
     def build(cls, model: Any) -> LeanDecoder | None:
@@ -181,12 +198,23 @@ class LeanDecoder:
         return cls(model)
 
     def _rotary(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` ``[B, 1, N, D / 2]`` from the model's rotary module (full-width tables of the
-        rotate-half convention hold each frequency twice: the first half is the table)."""
-        cos, sin = self.rotary(h, positions)
-        if cos.shape[-1] != self.half:
-            cos, sin = cos[..., :self.half], sin[..., :self.half]
-        return cos[:, None], sin[:, None]
+        """``(cos, sin)`` ``[B, 1, N, D]`` for :func:`_rope`, from the model's rotary module. Where its tables
+        depend on the position alone (:func:`_static_rope`) they are computed once for positions ``[0, P)`` (``P``
+        doubling as needed; recomputed when its frequencies change) and each pass gathers its rows: every pass
+        reads the same values, a few framework operations instead of the module's dozen."""
+        if not _static_rope(self.rotary):
+            cos, sin = _full_tables(*self.rotary(h, positions), self.half)
+            return cos[:, None], sin[:, None]
+        inv = self.rotary.inv_freq
+        stamp = (inv.data_ptr(), inv._version, h.dtype, h.device)
+        need = int(positions.max()) + 1
+        table = self._table
+        if table is None or table[0] != stamp or table[1].shape[0] < need:
+            size = max(need, 2 * table[1].shape[0] if table is not None else 0, 256)
+            cos, sin = self.rotary(h, torch.arange(size, device=h.device)[None])
+            cos, sin = _full_tables(cos, sin, self.half)
+            table = self._table = (stamp, cos[0], sin[0])
+        return table[1][positions][:, None], table[2][positions][:, None]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., H]`` final hidden states -> ``[..., V]`` float32 logits (the model's LM head)."""

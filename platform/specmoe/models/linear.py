@@ -72,11 +72,11 @@ def single_row_reduced(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         torch.backends.mkldnn.enabled = True
 
 
-def single_row_mm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def single_row_mm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.mm(x [1, in], weight [in, out], out=out)`` for bf16 / fp16 CPU tensors with ``weight`` stored
     output-major (``weight.t()`` contiguous), oneDNN off for the call (as :func:`single_row_reduced`)."""
     if not torch.backends.mkldnn.enabled:
-        return torch.mm(x, weight, out=out)
+        return torch.mm(x, weight) if out is None else torch.mm(x, weight, out=out)
     torch.backends.mkldnn.enabled = False
     try:
         return torch.mm(x, weight, out=out)

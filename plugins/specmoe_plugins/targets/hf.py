@@ -14,6 +14,7 @@ device hooks move them to each layer.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -72,6 +73,13 @@ def _dispatch_with_cpu_layers(model: Any, device_map: dict[str, Any]) -> Any:
     from accelerate import dispatch_model
 
     return dispatch_model(model, device_map={k: str(v) for k, v in device_map.items()}, main_device="cpu")
+
+
+@functools.lru_cache(maxsize=64)
+def _causal(b: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(attend [B, N, N], valid [B, N])``: a causal block and all-valid rows (kept: read only)."""
+    return (torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(b, n, n),
+            torch.ones(b, n, dtype=torch.bool, device=device))
 
 
 class HFTarget(Target):
@@ -369,11 +377,10 @@ class HFTarget(Target):
                 hidden_layers: Sequence[int] = (), capture_routing: bool = False,
                 cached_attend: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> TargetOutput:
         b, n = input_ids.shape
-        dev = input_ids.device
-        if attend is None:
-            attend = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(b, n, n)
-        if valid is None:
-            valid = torch.ones(b, n, dtype=torch.bool, device=dev)
+        if attend is None or valid is None:
+            causal, ones = _causal(b, n, input_ids.device)
+            attend = causal if attend is None else attend
+            valid = ones if valid is None else valid
         mask = self._masks.build(kv, positions, attend, valid, self.dtype, cached_attend)
         self._capture = [] if capture_routing else None
         try:
