@@ -326,3 +326,21 @@ def test_drafter_on_a_target_with_a_smaller_vocabulary(make_target, tmp_path):
     with pytest.raises(UserError, match=rf"draft/config.json: vocab_size is {target.vocab_size + 128} but the "
                                         rf"target's vocabulary has {target.vocab_size} tokens"):
         drafter.setup(target)
+
+
+def test_inference_rotary_tables_match_the_training_rotation(tmp_path, embed):
+    """A loaded draft's inference step (rotary tables computed once, ``specmoe.models.rope``) rotates queries and
+    keys as its training step does (the model's own rotary module per call), at positions beyond the first table
+    (it grows), so drafts are what the trained network proposes."""
+    write_ckpt(tmp_path / "src", released_config(), released_weights())
+    model = load_eagle3(str(tmp_path / "src"), embed=embed)
+    g = torch.Generator().manual_seed(3)
+    tokens, hidden = torch.randint(0, V, (2, 3), generator=g), torch.randn(2, 3, H, generator=g)
+    for positions in (torch.tensor([[4, 5, 6], [0, 1, 2]]), torch.tensor([[300, 301, 302], [900, 901, 903]])):
+        with torch.no_grad():
+            fast = model.qkv(tokens, hidden, positions)
+        with torch.enable_grad():
+            ref = model.qkv(tokens, hidden, positions)
+        for a, b in zip(fast, ref):
+            assert torch.allclose(a, b.detach(), rtol=1e-5, atol=1e-6)
+    assert model._rope_tables is not None and model._rope_tables.rotary is model.rotary  # the tables ran

@@ -13,10 +13,10 @@ embedding, per layer ``input_layernorm`` -> attention -> residual -> ``post_atte
 own MLP module (its router and experts modules, so the routing hooks, the installed experts implementation and
 the routing itself are the model's) -> residual; final norm. What changes is only the attention glue: the
 query, key and value projections are one matrix product over their concatenated weights (the same sums per
-output; re-concatenated whenever a weight changes), the rotary embedding is the model's own rotary module
-applied to queries and keys in one call, and the attention is :func:`specmoe.models.attention.grouped_attention`
-with the 4D masks the target builds. Norms are the model's RMSNorm math (float32 statistics) without
-the module call.
+output; re-concatenated whenever a weight changes), the rotary embedding is the model's own rotary module's
+tables (computed once: :class:`specmoe.models.rope.RopeTables`) applied to queries and keys in one call, and
+the attention is :func:`specmoe.models.attention.grouped_attention` with the 4D masks the target builds. Norms
+are the model's RMSNorm math (float32 statistics) without the module call.
 
 Which models: attention modules with ``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj`` linear layers (optional
 ``q_norm`` / ``k_norm`` per head, optional GPT-OSS sinks) and the half-split rotary convention (GPT-OSS,
@@ -35,6 +35,7 @@ import torch
 
 from specmoe.models import linear
 from specmoe.models.attention import grouped_attention
+from specmoe.models.rope import RopeTables, rotate
 
 __all__ = ["LeanDecoder"]
 
@@ -100,27 +101,6 @@ def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Half-split rotary embedding of ``x [B, H, N, D]`` with the full-width tables ``cos`` / ``sin``
-    ``[B, 1, N, D]`` of :meth:`LeanDecoder._rotary` (``sin``'s first half negated): ``x * cos + [x2, x1] * sin``,
-    the same products and sums as ``(x1 cos - x2 sin, x2 cos + x1 sin)`` (a negated product is exact)."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
-
-
-def _full_tables(cos: torch.Tensor, sin: torch.Tensor, half: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A rotary module's ``(cos, sin)`` ``[..., D / 2]`` or ``[..., D]`` (the rotate-half convention's tables
-    hold each frequency twice) -> full-width ``(cos, sin)`` ``[..., D]`` with ``sin``'s first half negated."""
-    c, s = (cos, sin) if cos.shape[-1] == half else (cos[..., :half], sin[..., :half])
-    return torch.cat((c, c), dim=-1), torch.cat((-s, s), dim=-1)
-
-
-def _static_rope(rotary: Any) -> bool:
-    """Whether ``rotary``'s tables depend on the position alone (not on the longest sequence seen, as the
-    ``dynamic`` and ``longrope`` types do), so one table serves every pass."""
-    kind = str(getattr(rotary, "rope_type", "default"))
-    return "dynamic" not in kind and kind != "longrope" and isinstance(getattr(rotary, "inv_freq", None), torch.Tensor)
-
-
 class _Attention:
     """One attention layer's lean forward over the model's attention module."""
 
@@ -147,7 +127,7 @@ class _Attention:
         qkv = self.qkv(x)
         v = qkv[..., (hq + hkv) * d:].view(b, n, hkv, d).transpose(1, 2)
         if self.q_norm is None and self.k_norm is None:  # queries and keys rotated in one call
-            qk = _rope(qkv[..., :(hq + hkv) * d].view(b, n, hq + hkv, d).transpose(1, 2), cos, sin)
+            qk = rotate(qkv[..., :(hq + hkv) * d].view(b, n, hq + hkv, d).transpose(1, 2), cos, sin)
             q, k = qk[:, :hq], qk[:, hq:]
         else:
             q = qkv[..., :hq * d].view(b, n, hq, d)
@@ -156,7 +136,7 @@ class _Attention:
                 q = _norm(self.q_norm, q)
             if self.k_norm is not None:
                 k = _norm(self.k_norm, k)
-            q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
+            q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
         if self.float_attention:
             q, k, v = q.float(), k.float(), v.float()
         keys, values = cache.update(k, v, layer_idx)
@@ -182,11 +162,10 @@ class LeanDecoder:
         cfg = model.config
         self.layer_types = list(getattr(cfg, "layer_types", None) or [])
         self.attention = [_Attention(layer.self_attn, cfg) for layer in self.layers]
-        self.half = self.attention[0].head_dim // 2
         head = model.get_output_embeddings()
         self.lm_head = linear.FusedLinear([head], keep_float=True) if isinstance(head, torch.nn.Linear) else head
         self.reduced = linear.reduced_cpu(self.embed.weight)
-        self._table: tuple | None = None  # (stamp, cos [P, D], sin [P, D]) of every position < P
+        self._rope = RopeTables(self.rotary, self.attention[0].head_dim)
 
     @classmethod
     def build(cls, model: Any) -> LeanDecoder | None:
@@ -198,23 +177,9 @@ class LeanDecoder:
         return cls(model)
 
     def _rotary(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` ``[B, 1, N, D]`` for :func:`_rope`, from the model's rotary module. Where its tables
-        depend on the position alone (:func:`_static_rope`) they are computed once for positions ``[0, P)`` (``P``
-        doubling as needed; recomputed when its frequencies change) and each pass gathers its rows: every pass
-        reads the same values, a few framework operations instead of the module's dozen."""
-        if not _static_rope(self.rotary):
-            cos, sin = _full_tables(*self.rotary(h, positions), self.half)
-            return cos[:, None], sin[:, None]
-        inv = self.rotary.inv_freq
-        stamp = (inv.data_ptr(), inv._version, h.dtype, h.device)
-        need = int(positions.max()) + 1
-        table = self._table
-        if table is None or table[0] != stamp or table[1].shape[0] < need:
-            size = max(need, 2 * table[1].shape[0] if table is not None else 0, 256)
-            cos, sin = self.rotary(h, torch.arange(size, device=h.device)[None])
-            cos, sin = _full_tables(cos, sin, self.half)
-            table = self._table = (stamp, cos[0], sin[0])
-        return table[1][positions][:, None], table[2][positions][:, None]
+        """``(cos, sin)`` ``[B, 1, N, D]`` for :func:`specmoe.models.rope.rotate` (see
+        :class:`~specmoe.models.rope.RopeTables`)."""
+        return self._rope(h, positions)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., H]`` final hidden states -> ``[..., V]`` float32 logits (the model's LM head)."""

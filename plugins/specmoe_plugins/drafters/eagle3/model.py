@@ -31,6 +31,7 @@ from torch import nn
 
 from specmoe.errors import UserError
 from specmoe.models.linear import FusedLinear
+from specmoe.models.rope import RopeTables, rotate
 
 __all__ = ["ARCHITECTURE", "Eagle3Config", "Eagle3Model", "RMSNorm", "attend", "capture_indices",
            "default_aux_layer_ids"]
@@ -221,9 +222,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dt = x.dtype
-        x = x.float()
+        x = x if dt == torch.float32 else x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dt)
+        return self.weight * (x if dt == torch.float32 else x.to(dt))
 
 
 class _Attention(nn.Module):
@@ -321,6 +322,7 @@ class Eagle3Model(nn.Module):
         self.rotary = LlamaRotaryEmbedding(c.llama_config())
         self.scale = 1.0 / math.sqrt(c.head_dim)
         self._fused: dict[str, FusedLinear] = {}
+        self._rope_tables: RopeTables | None = None
 
     # ------------------------------------------------------------------ pieces of one step
     def project(self, features: torch.Tensor) -> torch.Tensor:
@@ -356,10 +358,17 @@ class Eagle3Model(nn.Module):
         q = q.reshape(b, n, hq, d).transpose(1, 2)
         k = k.reshape(b, n, hkv, d).transpose(1, 2)
         v = v.reshape(b, n, hkv, d).transpose(1, 2)
-        cos, sin = self.rotary(x, positions)
-        cos, sin = cos[:, None], sin[:, None]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        if torch.is_grad_enabled():
+            cos, sin = self.rotary(x, positions)
+            cos, sin = cos[:, None], sin[:, None]
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+        else:  # the rotary tables computed once (the same values and products, fewer operations per step)
+            tables = self._rope_tables
+            if tables is None or tables.rotary is not self.rotary:  # the loader may swap in the checkpoint's rotary
+                tables = self._rope_tables = RopeTables(self.rotary, self.config.head_dim)
+            cos, sin = tables(x, positions)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         return q, k, v, residual
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
