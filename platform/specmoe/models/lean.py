@@ -93,12 +93,22 @@ def _unsupported(model: Any) -> str | None:
     return None
 
 
-def _norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
-    """The model's RMSNorm of ``x``: float32 statistics, the weight applied in float32, cast back."""
-    xf = x if x.dtype == torch.float32 else x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + _rms_eps(norm))
-    y = norm.weight * y
-    return y if y.dtype == x.dtype else y.to(x.dtype)
+class _Norm:
+    """The model's RMSNorm module ``norm`` as a function: float32 statistics, the weight applied in float32, cast
+    back (its epsilon read once; its weight on every call, so a changed weight is used)."""
+
+    def __init__(self, norm: Any) -> None:
+        self.norm = norm
+        self.eps = _rms_eps(norm)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x if x.dtype == torch.float32 else x.float()
+        y = self.norm.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps))
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def _optional_norm(norm: Any) -> _Norm | None:
+    return None if norm is None else _Norm(norm)
 
 
 class _Attention:
@@ -110,8 +120,8 @@ class _Attention:
         self.hq = attn.q_proj.out_features // self.head_dim
         self.hkv = attn.k_proj.out_features // self.head_dim
         self.scaling = float(getattr(attn, "scaling", self.head_dim ** -0.5))
-        self.q_norm = getattr(attn, "q_norm", None)
-        self.k_norm = getattr(attn, "k_norm", None)
+        self.q_norm = _optional_norm(getattr(attn, "q_norm", None))
+        self.k_norm = _optional_norm(getattr(attn, "k_norm", None))
         self.sinks = getattr(attn, "sinks", None)
         self.qkv = linear.FusedLinear([getattr(attn, p) for p in _PROJ[:3]])
         self.o_proj = linear.FusedLinear([attn.o_proj])
@@ -133,9 +143,9 @@ class _Attention:
             q = qkv[..., :hq * d].view(b, n, hq, d)
             k = qkv[..., hq * d:(hq + hkv) * d].view(b, n, hkv, d)
             if self.q_norm is not None:
-                q = _norm(self.q_norm, q)
+                q = self.q_norm(q)
             if self.k_norm is not None:
-                k = _norm(self.k_norm, k)
+                k = self.k_norm(k)
             q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
         if self.float_attention:
             q, k, v = q.float(), k.float(), v.float()
@@ -157,8 +167,9 @@ class LeanDecoder:
         self.model = model
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
-        self.final_norm = base.norm
+        self.final_norm = _Norm(base.norm)
         self.layers = list(base.layers)
+        self.norms = [(_Norm(layer.input_layernorm), _Norm(layer.post_attention_layernorm)) for layer in self.layers]
         cfg = model.config
         self.layer_types = list(getattr(cfg, "layer_types", None) or [])
         self.attention = [_Attention(layer.self_attn, cfg) for layer in self.layers]
@@ -227,12 +238,12 @@ class LeanDecoder:
         states = [h] if keep else None
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            a = self.attention[i](_norm(layer.input_layernorm, h), cos, sin, cache, i, self._mask(masks, i))
+            a = self.attention[i](self.norms[i][0](h), cos, sin, cache, i, self._mask(masks, i))
             h = h + a
-            h = h + self._mlp(layer, _norm(layer.post_attention_layernorm, h))
+            h = h + self._mlp(layer, self.norms[i][1](h))
             if keep and i < last:
                 states.append(h)
-        h = _norm(self.final_norm, h)
+        h = self.final_norm(h)
         if keep:
             states.append(h)
         return h, states
