@@ -111,6 +111,15 @@ def _optional_norm(norm: Any) -> _Norm | None:
     return None if norm is None else _Norm(norm)
 
 
+def _cached_slots(cache: Any) -> int | None:
+    """Slots a ``transformers`` cache holds (its longest layer; 0 before the first pass), ``None`` if unknown."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return None
+    return max((int(layer.get_seq_length()) for layer in layers if getattr(layer, "is_initialized", False)),
+               default=0)
+
+
 class _Attention:
     """One attention layer's lean forward over the model's attention module."""
 
@@ -187,10 +196,11 @@ class LeanDecoder:
             return None
         return cls(model)
 
-    def _rotary(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rotary(self, h: torch.Tensor, positions: torch.Tensor,
+                bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` ``[B, 1, N, D]`` for :func:`specmoe.models.rope.rotate` (see
-        :class:`~specmoe.models.rope.RopeTables`)."""
-        return self._rope(h, positions)
+        :class:`~specmoe.models.rope.RopeTables`; ``bound``: every position is below it)."""
+        return self._rope(h, positions, bound)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., H]`` final hidden states -> ``[..., V]`` float32 logits (the model's LM head)."""
@@ -233,7 +243,10 @@ class LeanDecoder:
             ``(final normalized hidden [B, N, H], hidden_states list or None)``.
         """
         h = self.embed(input_ids)
-        cos, sin = self._rotary(h, positions)
+        # a token's position never exceeds its cache slot (positions count a row's committed tokens), so the
+        # cached slots plus the new tokens bound them without reading ``positions``
+        cached = _cached_slots(cache)
+        cos, sin = self._rotary(h, positions, None if cached is None else cached + input_ids.shape[1])
         keep = bool(hidden_layers)
         states = [h] if keep else None
         last = len(self.layers) - 1

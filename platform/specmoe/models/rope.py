@@ -54,15 +54,20 @@ class RopeTables:
         self.half = head_dim // 2
         self._table: tuple | None = None  # (stamp, cos [P, D], sin [P, D])
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor,
+                 bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``x``: any tensor of the pass's dtype and device; ``positions [B, N]`` -> ``(cos, sin)``
-        ``[B, 1, N, D]``."""
-        if not static(self.rotary):
+        ``[B, 1, N, D]``.
+
+        ``bound``: a host-known bound on the positions (every position ``< bound``; a cache of ``S`` slots and
+        ``N`` new tokens: ``S + N``), so the table needs no read of ``positions``; without it the largest position
+        is read on CPUs (free there) and accelerators ask the module every pass (no host synchronisation)."""
+        if not static(self.rotary) or (bound is None and x.device.type != "cpu"):
             cos, sin = full_tables(*self.rotary(x, positions), self.half)
             return cos[:, None], sin[:, None]
         inv = self.rotary.inv_freq
         stamp = (inv.data_ptr(), inv._version, x.dtype, x.device)
-        need = int(positions.max()) + 1
+        need = int(positions.max()) + 1 if bound is None else bound
         table = self._table
         if table is None or table[0] != stamp or table[1].shape[0] < need:
             size = max(need, 2 * table[1].shape[0] if table is not None else 0, 256)
