@@ -333,11 +333,13 @@ class Eagle3Model(nn.Module):
         fc = self.fc if torch.is_grad_enabled() else _fused(self._fused, "fc", [self.fc])
         return fc(features.to(self.fc.weight.dtype))
 
-    def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
+    def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, bound: int | None = None):
         """Queries, keys, values (RoPE applied) and the residual of one step.
 
         Args:
             tokens: ``[B, N]`` target-vocabulary ids; hidden: ``[B, N, H]``; positions: ``[B, N]``.
+            bound: every position is below it (host-known: the cached slots plus ``N``; a position never exceeds
+                its slot), so the inference rotary tables read nothing back (``None``: read on CPUs).
 
         Returns:
             ``q [B, Hq, N, D]``, ``k, v [B, Hkv, N, D]``, ``residual [B, N, H]``.
@@ -367,7 +369,7 @@ class Eagle3Model(nn.Module):
             tables = self._rope_tables
             if tables is None or tables.rotary is not self.rotary:  # the loader may swap in the checkpoint's rotary
                 tables = self._rope_tables = RopeTables(self.rotary, self.config.head_dim)
-            cos, sin = tables(x, positions)
+            cos, sin = tables(x, positions, bound)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         return q, k, v, residual
 
@@ -397,7 +399,8 @@ class Eagle3Model(nn.Module):
         Returns:
             ``(out [B, N, H], k [B, Hkv, N, D], v [B, Hkv, N, D])`` -- the new keys/values to cache.
         """
-        q, k, v, residual = self.qkv(tokens, hidden, positions)
+        n_past = 0 if past_k is None else past_k.shape[2]
+        q, k, v, residual = self.qkv(tokens, hidden, positions, n_past + tokens.shape[1])
         keys = k if past_k is None else torch.cat([past_k, k], dim=2)
         values = v if past_v is None else torch.cat([past_v, v], dim=2)
         return self.finish(attend(q, keys, values, allowed), residual), k, v
@@ -407,7 +410,7 @@ class Eagle3Model(nn.Module):
         """:meth:`step` over a preallocated cache: the ``N`` new keys / values are written in place at slots
         ``start .. start + N`` of ``cache_k, cache_v [B, Hkv, C, D]``, and the inputs attend to slots
         ``0 .. start + N`` (``allowed [B, N, start + N]``). Returns ``out [B, N, H]``."""
-        q, k, v, residual = self.qkv(tokens, hidden, positions)
+        q, k, v, residual = self.qkv(tokens, hidden, positions, start + tokens.shape[1])
         n = k.shape[2]
         cache_k.narrow(2, start, n).copy_(k)
         cache_v.narrow(2, start, n).copy_(v)
