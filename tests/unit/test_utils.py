@@ -59,6 +59,35 @@ def test_file_lock_says_who_holds_it_and_times_out(tmp_path):
         holder.release()
 
 
+def test_a_waiter_that_arrives_before_the_holder_wrote_its_record_still_names_it(tmp_path, monkeypatch):
+    """The holder writes its record just after the OS lock is taken; a waiter arriving in that window waits
+    for the record instead of saying 'another process' (a flaky CI failure before the settle)."""
+    path = tmp_path / "r.lock"
+    written = FileLock._write_holder
+    entered = threading.Event()
+
+    def late(fd):
+        entered.set()
+        time.sleep(0.3)
+        written(fd)
+
+    monkeypatch.setattr(FileLock, "_write_holder", staticmethod(late))
+    holder = FileLock(path, "stage 'r'")
+    taker = threading.Thread(target=holder.acquire)
+    taker.start()
+    assert entered.wait(10)
+    messages: list = []
+    monkeypatch.setattr(FileLock, "_write_holder", staticmethod(written))
+    other = FileLock(path, "stage 'r'", on_wait=messages.append)
+    try:
+        with pytest.raises(LockTimeout):
+            other.acquire(timeout=0.1, poll=0.02)
+        assert messages and f"is in use by pid {os.getpid()} on" in messages[0]
+    finally:
+        taker.join()
+        holder.release()
+
+
 def test_file_lock_of_a_killed_holder_is_free_and_names_it_while_alive(tmp_path):
     """The lock is the OS's (``filelock``'s native lock, no soft fallback): a holder killed with SIGKILL leaves
     no stale lock, and while it lives a waiter reads its record from the lock file."""

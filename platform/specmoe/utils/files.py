@@ -107,15 +107,26 @@ class FileLock:
     def _write_holder(fd: int) -> None:
         record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
                   "command": " ".join(Path(sys.argv[0]).name.split() + sys.argv[1:])[:300]}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
+        data = json.dumps(record).encode()
+        os.pwrite(fd, data, 0)  # overwrite first, then cut: the record is never an empty file
+        os.ftruncate(fd, len(data))
 
-    def holder(self) -> dict[str, Any]:
-        """Who holds (or last held) the lock, as written by the holder; ``{}`` when unknown."""
-        try:
-            return json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            return {}
+    def holder(self, settle: float = 0.0) -> dict[str, Any]:
+        """Who holds (or last held) the lock, as written by the holder; ``{}`` when unknown.
+
+        Args:
+            settle: seconds to wait for a record that is not readable yet (a holder writes it just after it
+                takes the lock, so a waiter that arrives in between would otherwise read nothing).
+        """
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                info = json.loads(self.path.read_text() or "{}")
+            except (OSError, ValueError):
+                info = {}
+            if info.get("pid") or time.monotonic() >= deadline:
+                return info
+            time.sleep(0.02)
 
     def acquire(self, timeout: Optional[float] = None, poll: float = 0.5) -> "FileLock":
         """Take the lock, waiting for the holder (at most ``timeout`` seconds; ``None``: as long as it takes).
@@ -127,7 +138,7 @@ class FileLock:
         try:
             self._lock.acquire(timeout=0)
         except filelock.Timeout:
-            self.on_wait(f"{self.what} is in use by {holder_text(self.holder())}; waiting for it "
+            self.on_wait(f"{self.what} is in use by {holder_text(self.holder(settle=1.0))}; waiting for it "
                          f"(lock file {self.path})")
             try:
                 self._lock.acquire(timeout=-1 if timeout is None else timeout, poll_interval=poll)
