@@ -63,6 +63,29 @@ def test_rebuilt_when_weights_or_dtype_change():
     assert fused(x.bfloat16()).dtype == torch.bfloat16 and fused.reduced
 
 
+def test_row_variant_route_is_an_input_major_float32_product_rebuilt_on_change():
+    """``row_invariant=False`` (drafters): ``x @ W^T`` over an ``[in, out]`` float32 copy; the same values as the
+    layers, bf16 layers up to FP32_COPY_MAX included (cast back), larger ones on their own kernel."""
+    layers = _layers((8, 16), (4, 16))
+    fused = FusedLinear(layers, row_invariant=False)
+    x = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(1))
+    y = fused(x)
+    w, b = fused._in_major
+    assert w.shape == (16, 12) and w.is_contiguous() and b.shape == (12,) and fused._lin is None
+    torch.testing.assert_close(y, torch.cat([m(x) for m in layers], dim=-1), rtol=1e-5, atol=1e-5)
+    layers[0].weight.mul_(3.0)
+    torch.testing.assert_close(fused(x), torch.cat([m(x) for m in layers], dim=-1), rtol=1e-5, atol=1e-5)
+    small = [m.to(torch.bfloat16) for m in _layers((8, 16), bias=False)]
+    fs = FusedLinear(small, keep_float=True, row_invariant=False)
+    out = fs(x.bfloat16())
+    assert fs._in_major[0].dtype == torch.float32 and out.dtype == torch.float32
+    torch.testing.assert_close(out, x.bfloat16().float() @ small[0].weight.float().t(), rtol=1e-5, atol=1e-5)
+    assert FusedLinear(small, row_invariant=False)(x.bfloat16()).dtype == torch.bfloat16
+    big = [torch.nn.Linear(256, FP32_COPY_MAX // 256 + 1, bias=False).requires_grad_(False).to(torch.bfloat16)]
+    fb = FusedLinear(big, row_invariant=False)
+    assert fb(torch.randn(1, 256).bfloat16()).dtype == torch.bfloat16 and fb._in_major is None
+
+
 def test_eagle3_inference_path_equals_its_training_path(tmp_path):
     torch.set_num_threads(1)
     target = targets.get("hf")(tiny={"arch": "gpt_oss", "seed": 1}, cache_dir=str(tmp_path))
@@ -84,5 +107,7 @@ def test_eagle3_inference_path_equals_its_training_path(tmp_path):
         fused = run()
     with torch.enable_grad():
         plain = run().detach()
-    assert m._fused and m.midlayer.mlp._fused  # the inference path built its fused projections
+    parts = m.__dict__.get("_inference_parts")  # the inference path built its fused projections, row-variant
+    assert parts is not None and all(not f.row_invariant and f._in_major is not None
+                                     for f in (parts.fc, parts.qkv, parts.o, parts.gate_up, parts.down, parts.lm_head))
     torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-4)

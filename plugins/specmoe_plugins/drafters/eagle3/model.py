@@ -221,10 +221,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dt = x.dtype
-        x = x if dt == torch.float32 else x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * (x if dt == torch.float32 else x.to(dt))
+        return _rms(self, x)
+
+
+def _rms(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` without the module call (inference passes call it directly)."""
+    dt = x.dtype
+    x = x if dt == torch.float32 else x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+    return norm.weight * (x if dt == torch.float32 else x.to(dt))
 
 
 class _Attention(nn.Module):
@@ -246,22 +251,30 @@ class _MLP(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
         self.act = ACT2FN[c.hidden_act]
-        self._fused: dict[str, FusedLinear] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled():
-            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = _fused(self._fused, "gate_up", [self.gate_proj, self.up_proj])(x).chunk(2, dim=-1)
-        return _fused(self._fused, "down", [self.down_proj])(self.act(gate) * up)
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _fused(cache: dict[str, FusedLinear], name: str, layers: list[nn.Linear], keep_float: bool = False) -> FusedLinear:
-    """Inference projection ``name`` over a draft's own layers (:class:`~specmoe.models.linear.FusedLinear`),
-    made on first use and kept in ``cache`` (not parameters: ``state_dict`` is unchanged)."""
-    f = cache.get(name)
-    if f is None:
-        f = cache[name] = FusedLinear(layers, keep_float=keep_float)
-    return f
+class _InferenceParts:
+    """The draft's inference projections and norms, gathered once (no submodule lookups or module calls per
+    pass). Each projection is a :class:`~specmoe.models.linear.FusedLinear` over the model's own layers (rebuilt
+    when a weight changes; not parameters: ``state_dict`` is unchanged). A draft's rounding never decides what
+    is committed (verification does), so they take the fastest route for any row count
+    (``row_invariant=False``)."""
+
+    def __init__(self, m: "Eagle3Model") -> None:
+        layer, att, mlp = m.midlayer, m.midlayer.self_attn, m.midlayer.mlp
+        fused = lambda layers, keep_float=False: FusedLinear(layers, keep_float=keep_float, row_invariant=False)
+        self.fc = fused([m.fc])
+        self.qkv = fused([att.q_proj, att.k_proj, att.v_proj])
+        self.o = fused([att.o_proj])
+        self.gate_up = fused([mlp.gate_proj, mlp.up_proj])
+        self.down = fused([mlp.down_proj])
+        self.lm_head = fused([m.lm_head], keep_float=True)
+        self.embed, self.act = m.embed_tokens, mlp.act
+        self.hidden_norm, self.input_norm = layer.hidden_norm, layer.input_layernorm
+        self.post_norm, self.norm = layer.post_attention_layernorm, m.norm
 
 
 class _MidLayer(nn.Module):
@@ -321,8 +334,13 @@ class Eagle3Model(nn.Module):
             self.t2d[: c.draft_vocab_size] = True
         self.rotary = LlamaRotaryEmbedding(c.llama_config())
         self.scale = 1.0 / math.sqrt(c.head_dim)
-        self._fused: dict[str, FusedLinear] = {}
         self._rope_tables: RopeTables | None = None
+
+    def _parts(self) -> _InferenceParts:
+        parts = self.__dict__.get("_inference_parts")
+        if parts is None:
+            parts = self.__dict__["_inference_parts"] = _InferenceParts(self)
+        return parts
 
     # ------------------------------------------------------------------ pieces of one step
     def project(self, features: torch.Tensor) -> torch.Tensor:
@@ -330,7 +348,7 @@ class Eagle3Model(nn.Module):
         passes."""
         if features.shape[-1] == self.config.hidden_size:
             return features
-        fc = self.fc if torch.is_grad_enabled() else _fused(self._fused, "fc", [self.fc])
+        fc = self.fc if torch.is_grad_enabled() else self._parts().fc
         return fc(features.to(self.fc.weight.dtype))
 
     def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, bound: int | None = None):
@@ -344,23 +362,29 @@ class Eagle3Model(nn.Module):
         Returns:
             ``q [B, Hq, N, D]``, ``k, v [B, Hkv, N, D]``, ``residual [B, N, H]``.
         """
-        layer, c = self.midlayer, self.config
-        emb = self.embed_tokens(tokens).to(hidden.dtype)
-        h_norm = layer.hidden_norm(hidden)
-        residual = h_norm if c.norm_before_residual else hidden
-        x = torch.cat([layer.input_layernorm(emb), h_norm], dim=-1)
-        b, n, _ = x.shape
-        att = layer.self_attn
+        c = self.config
         hq, hkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        if torch.is_grad_enabled():
+        train = torch.is_grad_enabled()
+        if train:
+            layer = self.midlayer
+            emb = self.embed_tokens(tokens).to(hidden.dtype)
+            h_norm = layer.hidden_norm(hidden)
+            x = torch.cat([layer.input_layernorm(emb), h_norm], dim=-1)
+            att = layer.self_attn
             q, k, v = att.q_proj(x), att.k_proj(x), att.v_proj(x)
-        else:  # one product over the three projections' weights (the same sums)
-            q, k, v = _fused(self._fused, "qkv", [att.q_proj, att.k_proj, att.v_proj])(x).split(
-                [hq * d, hkv * d, hkv * d], dim=-1)
+        else:  # the same operations without module calls; one product over the three projections' weights
+            p = self._parts()
+            emb = nn.functional.embedding(tokens, p.embed.weight)
+            h_norm = _rms(p.hidden_norm, hidden)
+            x = torch.cat([_rms(p.input_norm, emb if emb.dtype == hidden.dtype else emb.to(hidden.dtype)), h_norm],
+                          dim=-1)
+            q, k, v = p.qkv(x).split([hq * d, hkv * d, hkv * d], dim=-1)
+        residual = h_norm if c.norm_before_residual else hidden
+        b, n, _ = x.shape
         q = q.reshape(b, n, hq, d).transpose(1, 2)
         k = k.reshape(b, n, hkv, d).transpose(1, 2)
         v = v.reshape(b, n, hkv, d).transpose(1, 2)
-        if torch.is_grad_enabled():
+        if train:
             cos, sin = self.rotary(x, positions)
             cos, sin = cos[:, None], sin[:, None]
             q = q * cos + _rotate_half(q) * sin
@@ -375,19 +399,23 @@ class Eagle3Model(nn.Module):
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``attn [B, Hq, N, D]`` -> the step output ``[B, N, H]`` (pre-norm; the next step's hidden)."""
-        layer = self.midlayer
         b, _, n, _ = attn.shape
-        o_proj = layer.self_attn.o_proj
-        if not torch.is_grad_enabled():
-            o_proj = _fused(self._fused, "o", [o_proj])
-        h = residual + o_proj(attn.transpose(1, 2).reshape(b, n, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        flat = attn.transpose(1, 2).reshape(b, n, -1)
+        if torch.is_grad_enabled():
+            layer = self.midlayer
+            h = residual + layer.self_attn.o_proj(flat)
+            return h + layer.mlp(layer.post_attention_layernorm(h))
+        p = self._parts()
+        h = residual + p.o(flat)
+        gate, up = p.gate_up(_rms(p.post_norm, h)).chunk(2, dim=-1)
+        return h + p.down(p.act(gate) * up)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., H]`` -> ``[..., V_draft]`` float32 draft-vocabulary logits."""
         if torch.is_grad_enabled():
             return self.lm_head(self.norm(hidden)).float()
-        return _fused(self._fused, "lm_head", [self.lm_head], keep_float=True)(self.norm(hidden)).float()
+        p = self._parts()
+        return p.lm_head(_rms(p.norm, hidden)).float()
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
              past_k: Optional[torch.Tensor], past_v: Optional[torch.Tensor], allowed: torch.Tensor):
