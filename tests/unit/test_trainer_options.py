@@ -180,7 +180,8 @@ def test_training_stages_share_one_set_of_optimizer_options(tmp_path):
     from specmoe.training.trainer import OptimizerOptions
 
     sharing = {n for n in stages.names() if issubclass(stages.get(n).Config, OptimizerOptions)}
-    assert {"pretrain_target", "train_predictor", "train_draft_head", "train_mtp"} <= sharing
+    assert {"pretrain_target", "train_predictor", "train_draft_head", "train_mtp", "train_eagle3",
+            "train_gto"} <= sharing
     names = [f.name for f in dataclasses.fields(OptimizerOptions)]
     assert names == ["lr", "weight_decay", "warmup_steps"]
     base = {f.name: f.default for f in dataclasses.fields(OptimizerOptions)}
@@ -194,6 +195,9 @@ def test_training_stages_share_one_set_of_optimizer_options(tmp_path):
                         "train_predictor": {"lr": 1e-5, "weight_decay": 0.0, "warmup_steps": 0},
                         "train_draft_head": {"lr": 2e-3, "weight_decay": 0.0, "warmup_steps": 0},
                         "train_mtp": {"lr": 1e-3, "weight_decay": 0.0, "warmup_steps": 20}}
+    drafts = {n: stages.get(n).Config(target=None, data="/x").optimizer() for n in ("train_eagle3", "train_gto")}
+    assert drafts == {"train_eagle3": {"lr": 1e-4, "weight_decay": 0.0, "warmup_steps": 0},
+                      "train_gto": {"lr": 5e-6, "weight_decay": 0.0, "warmup_steps": 0}}
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: k\nstages:\n  - {id: p, name: train_predictor, traces: /x, lr: 0.5, warmup_steps: 3}\n")
@@ -222,3 +226,27 @@ def test_train_mtp_keeps_its_stage_keys_on_the_shared_options(tmp_path):
     """))
     keys = StageRunner(load_recipe(recipe).stages, tmp_path / "cache").keys
     assert keys == {"target": "f0c18bf7cc3955bf", "mtp": "2ea60f2d0817a419", "mtp2": "b77faedde6c7a533"}
+
+
+def test_draft_training_stages_keep_their_stage_keys_on_the_shared_options(tmp_path):
+    """train_eagle3 / train_gto took lr / weight_decay / warmup_steps from ``OptimizerOptions`` (the same names and
+    defaults): the same cache keys as before (computed at the commit before the change), options set or not."""
+    from specmoe.config.load import load_recipe
+    from specmoe.stages.runner import StageRunner
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(textwrap.dedent("""
+        name: keys
+        stages:
+          - {id: target, name: pretrain_target, trainer: {precision: 32-true}}
+          - {id: e3, name: train_eagle3, target: {path: "stage:target"}, data: /x, trainer: {precision: 32-true}}
+          - {id: e3b, name: train_eagle3, target: {path: "stage:target"}, data: /x, lr: 0.5, warmup_steps: 3,
+             weight_decay: 0.1, trainer: {precision: 32-true}}
+          - {id: gto, name: train_gto, target: {path: "stage:target"}, data: /x, drafter: "stage:e3",
+             trainer: {precision: 32-true}}
+          - {id: gto2, name: train_gto, target: {path: "stage:target"}, data: /x, drafter: "stage:e3", lr: 0.25,
+             warmup_steps: 2, trainer: {precision: 32-true}}
+    """))
+    keys = StageRunner(load_recipe(recipe).stages, tmp_path / "cache").keys
+    assert keys == {"target": "f0c18bf7cc3955bf", "e3": "08cc489afb78a333", "e3b": "00cc88d8a1baa63f",
+                    "gto": "9a73a7a94a1635dd", "gto2": "ed6b101259427925"}

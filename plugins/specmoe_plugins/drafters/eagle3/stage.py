@@ -35,14 +35,15 @@ from specmoe.config.schema import Component, component
 from specmoe.errors import UserError
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.stage import Stage, StageContext
-from specmoe.training.trainer import TrainerOptions, trainer_key_facts
+from specmoe.training.trainer import OptimizerOptions, TrainerOptions, trainer_key_facts
 
 __all__ = ["DraftTrainConfig", "TrainEagle3"]
 
 
-@dataclass
-class DraftTrainConfig:
-    """Options of every EAGLE-3-network training stage (``train_eagle3``, ``train_gto``)."""
+@dataclass(kw_only=True)
+class DraftTrainConfig(OptimizerOptions):
+    """Options of every EAGLE-3-network training stage (``train_eagle3``, ``train_gto``): the shared optimiser
+    options (``lr`` re-declared as 1e-4; keyword-only, as ``target`` and ``data`` have no default)."""
 
     target: Component = component("target", name_default="hf")
     """the frozen target (``name`` defaults to ``hf``), e.g. ``{path: "stage:target"}``."""
@@ -59,8 +60,6 @@ class DraftTrainConfig:
     """loss weight of TTT step j is decay**j."""
     lr: float = 1e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
     min_lr_ratio: float = 0.1
     """cosine decay ends at lr * min_lr_ratio."""
     seed: int = 0
@@ -154,8 +153,8 @@ class TrainEagle3(Stage):
     def module_options(self) -> dict[str, Any]:
         """Keyword arguments of :meth:`module_class` beyond the draft, the feature layers and the factory."""
         cfg = self.config
-        return dict(ttt_length=cfg.ttt_length, decay=cfg.decay, lr=cfg.lr, betas=tuple(cfg.betas),
-                    weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio)
+        return dict(ttt_length=cfg.ttt_length, decay=cfg.decay, betas=tuple(cfg.betas), **cfg.optimizer(),
+                    min_lr_ratio=cfg.min_lr_ratio)
 
     def target_factory(self) -> Any:
         """``factory(device) -> target``: how a rank that was given no target loads this stage's target."""
