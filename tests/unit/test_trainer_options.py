@@ -209,9 +209,10 @@ def test_training_stages_share_one_set_of_optimizer_options(tmp_path):
         load_recipe(recipe)
 
 
-def test_train_mtp_keeps_its_stage_keys_on_the_shared_options(tmp_path):
-    """train_mtp's Config took its optimiser fields from ``OptimizerOptions``: the same names and defaults, so the
-    same cache keys as before (computed at the commit before the change), with and without the options set."""
+def test_training_stages_keep_their_stage_keys_on_the_shared_options(tmp_path):
+    """train_mtp, train_eagle3 and train_gto took lr / weight_decay / warmup_steps from ``OptimizerOptions`` (the
+    same names and defaults): the same cache keys as before (each computed at the commit before its change), with and
+    without the options set."""
     from specmoe.config.load import load_recipe
     from specmoe.stages.runner import StageRunner
 
@@ -223,22 +224,6 @@ def test_train_mtp_keeps_its_stage_keys_on_the_shared_options(tmp_path):
           - {id: mtp, name: train_mtp, target: {path: "stage:target"}, responses: /x, trainer: {precision: 32-true}}
           - {id: mtp2, name: train_mtp, target: {path: "stage:target"}, responses: /x, lr: 0.5, warmup_steps: 3,
              trainer: {precision: 32-true}}
-    """))
-    keys = StageRunner(load_recipe(recipe).stages, tmp_path / "cache").keys
-    assert keys == {"target": "f0c18bf7cc3955bf", "mtp": "2ea60f2d0817a419", "mtp2": "b77faedde6c7a533"}
-
-
-def test_draft_training_stages_keep_their_stage_keys_on_the_shared_options(tmp_path):
-    """train_eagle3 / train_gto took lr / weight_decay / warmup_steps from ``OptimizerOptions`` (the same names and
-    defaults): the same cache keys as before (computed at the commit before the change), options set or not."""
-    from specmoe.config.load import load_recipe
-    from specmoe.stages.runner import StageRunner
-
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(textwrap.dedent("""
-        name: keys
-        stages:
-          - {id: target, name: pretrain_target, trainer: {precision: 32-true}}
           - {id: e3, name: train_eagle3, target: {path: "stage:target"}, data: /x, trainer: {precision: 32-true}}
           - {id: e3b, name: train_eagle3, target: {path: "stage:target"}, data: /x, lr: 0.5, warmup_steps: 3,
              weight_decay: 0.1, trainer: {precision: 32-true}}
@@ -248,5 +233,6 @@ def test_draft_training_stages_keep_their_stage_keys_on_the_shared_options(tmp_p
              warmup_steps: 2, trainer: {precision: 32-true}}
     """))
     keys = StageRunner(load_recipe(recipe).stages, tmp_path / "cache").keys
-    assert keys == {"target": "f0c18bf7cc3955bf", "e3": "08cc489afb78a333", "e3b": "00cc88d8a1baa63f",
-                    "gto": "9a73a7a94a1635dd", "gto2": "ed6b101259427925"}
+    assert keys == {"target": "f0c18bf7cc3955bf", "mtp": "2ea60f2d0817a419", "mtp2": "b77faedde6c7a533",
+                    "e3": "08cc489afb78a333", "e3b": "00cc88d8a1baa63f", "gto": "9a73a7a94a1635dd",
+                    "gto2": "ed6b101259427925"}
