@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -11,6 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 pytest_plugins = ["fixtures.tiny", "fixtures.agreeing", "fixtures.traces"]
+
+#: eager decoding passes unless a test asks for compiled ones (the ``compiled`` fixture below); set at import so
+#: that session and module fixtures building targets see it too
+os.environ["SPECMOE_COMPILE"] = "0"
 
 #: the benchmark data beside the repository (CI has it at the same relative path)
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -41,6 +46,20 @@ def _seeded():
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def compiled():
+    """Request it to run the test with compiled decoding passes (``SPECMOE_COMPILE=1``, the product's default);
+    every other test runs the eager passes: each compiled target costs a compilation (tens of seconds cold),
+    and ``tests/unit/test_compiled_pass.py`` holds the compiled path to the eager one and to losslessness."""
+    return True
+
+
+@pytest.fixture(autouse=True)
+def _compiled_passes_on_request(request, monkeypatch):
+    monkeypatch.setenv("SPECMOE_COMPILE", "1" if "compiled" in request.fixturenames else "0")
     yield
 
 

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["KVState", "SlotLayer", "slot_cache", "additive_mask"]
+__all__ = ["KVState", "SlotLayer", "slot_cache", "additive_mask", "tree_masks"]
 
 #: slots a fresh buffer holds when no capacity was asked for
 _MIN_CAPACITY = 64
@@ -34,7 +34,9 @@ def _zero(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool ``[...]`` -> float mask with 0 where allowed and ``finfo(dtype).min`` elsewhere."""
-    return torch.where(allowed, _zero(dtype, allowed.device), torch.finfo(dtype).min)
+    zero = torch.zeros((), dtype=dtype, device=allowed.device) if torch.compiler.is_compiling() \
+        else _zero(dtype, allowed.device)  # (a compiled pass makes its own: no cached tensor to trace)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)
 
 
 def _grown(buf: torch.Tensor, length: int, need: int) -> torch.Tensor:
@@ -42,6 +44,34 @@ def _grown(buf: torch.Tensor, length: int, need: int) -> torch.Tensor:
     cap = max(need, 2 * buf.shape[2])
     out = buf.new_empty(*buf.shape[:2], cap, *buf.shape[3:])
     out.narrow(2, 0, length).copy_(buf.narrow(2, 0, length))
+    return out
+
+
+def tree_masks(pos: torch.Tensor, valid: torch.Tensor, q_pos: torch.Tensor, attend: torch.Tensor,
+               q_valid: torch.Tensor, windows: Sequence[int | None], cached_attend: torch.Tensor | None = None,
+               dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """The masks of :meth:`KVState.masks` over cached slots at positions ``pos [B, S]`` with validity
+    ``valid [B, S]``: one ``[B, 1, N, S + N]`` per entry of ``windows``, bool, or additive of ``dtype``. A pure
+    function of tensors (a compiled decoding pass builds its masks with it)."""
+    n = q_pos.shape[1]
+    keys_pos = torch.cat([pos, q_pos], dim=1)  # [B, S + N]
+    q_col = q_valid[:, :, None]
+    old = valid[:, None, :] & q_col
+    if cached_attend is not None:
+        old = old & cached_attend
+    if n == 1:  # the expression below for one query: it sees itself where attend does or it is padding
+        new = attend | ~q_col
+    else:
+        eye = torch.eye(n, dtype=torch.bool, device=q_pos.device)[None]
+        new = (attend & q_valid[:, None, :] & q_col) | (eye & ~q_col)
+    base = torch.cat([old, new], dim=2)
+    out = []
+    for window in windows:
+        allowed = base
+        if window is not None:
+            allowed = base & ((q_pos[:, :, None] - keys_pos[:, None, :]) < window)
+        allowed = allowed[:, None]
+        out.append(allowed if dtype is None else additive_mask(allowed, dtype))
     return out
 
 
@@ -85,6 +115,19 @@ class SlotLayer:
         self._v.narrow(2, self.length, n).copy_(value_states)
         self._set_length(end)
         return self.keys, self.values
+
+    def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole buffers ``[B, H, C, D]`` of an initialized layer with room for ``n`` more slots after
+        :attr:`length` (grown as :meth:`update` grows them), for a pass that writes its keys and values into
+        them itself; then :meth:`advance` by ``n``."""
+        end = self.length + n
+        if end > self._k.shape[2]:
+            self._k, self._v = _grown(self._k, self.length, end), _grown(self._v, self.length, end)
+        return self._k, self._v
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` slots written after :attr:`length` (see :meth:`reserve`)."""
+        self._set_length(self.length + n)
 
     def _set_length(self, length: int) -> None:
         self.length = length
@@ -208,27 +251,8 @@ class KVState:
               dtype: torch.dtype | None = None) -> list[torch.Tensor]:
         """One mask ``[B, 1, N, S + N]`` per entry of ``windows`` (``None``: full attention), sharing the work
         that does not depend on the window: bool masks (:meth:`allowed`), or additive float masks of
-        ``dtype``."""
-        n = q_pos.shape[1]
-        keys_pos = torch.cat([self.pos, q_pos], dim=1)  # [B, S + N]
-        q_col = q_valid[:, :, None]
-        old = self.valid[:, None, :] & q_col
-        if cached_attend is not None:
-            old = old & cached_attend
-        if n == 1:  # the expression below for one query: it sees itself where attend does or it is padding
-            new = attend | ~q_col
-        else:
-            eye = torch.eye(n, dtype=torch.bool, device=q_pos.device)[None]
-            new = (attend & q_valid[:, None, :] & q_col) | (eye & ~q_col)
-        base = torch.cat([old, new], dim=2)
-        out = []
-        for window in windows:
-            allowed = base
-            if window is not None:
-                allowed = base & ((q_pos[:, :, None] - keys_pos[:, None, :]) < window)
-            allowed = allowed[:, None]
-            out.append(allowed if dtype is None else additive_mask(allowed, dtype))
-        return out
+        ``dtype`` (:func:`tree_masks` over this state's slots)."""
+        return tree_masks(self.pos, self.valid, q_pos, attend, q_valid, windows, cached_attend, dtype)
 
     def mask(self, q_pos: torch.Tensor, attend: torch.Tensor, q_valid: torch.Tensor, dtype: torch.dtype,
              sliding_window: int | None = None, cached_attend: torch.Tensor | None = None) -> torch.Tensor:

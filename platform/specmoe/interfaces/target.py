@@ -238,6 +238,11 @@ class Target(Plugin, ABC):
         """Switch every MoE layer to the experts implementation registered under ``name`` (what a
         :class:`~specmoe.interfaces.verifier.Verifier` installs)."""
 
+    def compile_passes(self, verifier: Any) -> None:
+        """Optional: run the decoding passes (autoregressive steps, verification) as one compiled graph with
+        the installed :class:`~specmoe.interfaces.verifier.Verifier` (its ``graph_experts`` where it has them),
+        where the target can; ``None``: every pass eager. The default ignores it."""
+
     def parts(self) -> TargetParts:
         """The network's building blocks (see :class:`TargetParts`); targets that cannot expose them say so."""
         raise NotImplementedError(f"target {type(self).__name__} does not expose its network parts, so drafters "

@@ -34,14 +34,17 @@ from __future__ import annotations
 
 import functools
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from specmoe.interfaces.verifier import GraphExperts
 from specmoe.kernels.layout import ACT_SILU, ACT_SWIGLU_OAI, ExpertsLayout, apply_gate, experts_layout
 from specmoe.models import linear
 
-__all__ = ["union_experts_forward", "grouped_supported", "prepare", "packed_experts", "PACK_MAX_BYTES"]
+__all__ = ["union_experts_forward", "grouped_supported", "prepare", "packed_experts", "PACK_MAX_BYTES",
+           "graph_experts"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -428,3 +431,99 @@ def union_experts_forward(module: Any, hidden: torch.Tensor, top_k_index: torch.
     for j in range(1, k):
         acc = acc + out[:, j]
     return acc.to(hidden.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- graph form
+@dataclass(frozen=True)
+class _GraphLayout:
+    """The constants of :func:`_graph_forward` (guarded by value when compiled)."""
+
+    intermediate: int
+    interleaved: bool
+    swiglu_oai: bool
+    alpha: float
+    limit: float
+
+
+_OUTPUT_MAJOR: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _graph_weights(module: Any, layout: ExpertsLayout) -> tuple:
+    """``(gate_up [E, 2I, H], gate_up_bias [E, 2I] | None, down [E, H, I], down_bias [E, H] | None)``, both
+    products output-major (each output one contiguous row of its input): views of the module's own weights where
+    they are stored so (Qwen3-MoE, DeepSeek-V3; a reduced-precision GPT-OSS model after :func:`prepare`), else a
+    copy (a float32 GPT-OSS model stores its experts input-major), rebuilt when a weight changes."""
+    gu, dn = module.gate_up_proj.detach(), module.down_proj.detach()
+    if layout.transposed:  # [E, in, out] -> [E, out, in]
+        gu, dn = gu.transpose(1, 2), dn.transpose(1, 2)
+        if not (gu.is_contiguous() and dn.is_contiguous()):
+            stamp = _stamp(module)
+            cached = _OUTPUT_MAJOR.get(module)
+            if cached is None or cached[0] != stamp:
+                cached = _OUTPUT_MAJOR[module] = (stamp, gu.contiguous(), dn.contiguous())
+            gu, dn = cached[1], cached[2]
+    b_gu = module.gate_up_proj_bias.detach() if layout.has_bias else None
+    b_d = module.down_proj_bias.detach() if layout.has_bias else None
+    return gu, b_gu, dn, b_d
+
+
+def _graph_forward(cfg: _GraphLayout, weights: tuple, hidden: torch.Tensor, top_k_index: torch.Tensor,
+                   top_k_weights: torch.Tensor) -> torch.Tensor:
+    """:func:`union_experts_forward` as a pure function of tensors (the graph form, see :func:`graph_experts`):
+    ``hidden [T, H]``, ``top_k_index [T, K]``, ``top_k_weights [T, K]`` -> ``[T, H]`` in ``hidden``'s dtype.
+
+    The ``T * K`` (token, expert) slots in ascending expert id (stable), so an expert's slots are computed one
+    after the other: its weights are read from memory once per pass and from cache for its further slots (the
+    union). Each slot's products are explicit reductions over the rows of its expert's weights, read in place
+    (compiled: one loop per output element, the same whatever ``T``), each projection rounded to the weights'
+    dtype as the model's own loop rounds it; the routing weights applied in float32, each token's experts added
+    in ascending expert id."""
+    gu, b_gu, dn, b_d = weights
+    t, k = top_k_index.shape
+    dtype = gu.dtype
+    flat = top_k_index.reshape(-1)
+    order = flat.argsort(stable=True)
+    e = flat[order]
+    x = hidden.to(dtype).float()[order // k]  # [T * K, H]: each slot's token (a gather: no layout decision)
+    h = (x[:, None, :] * gu[e].float()).sum(-1)
+    if b_gu is not None:
+        h = h + b_gu[e].float()
+    h = h.to(dtype).float()
+    if cfg.interleaved:
+        gate, up = h[:, 0::2], h[:, 1::2]
+    else:
+        gate, up = h[:, :cfg.intermediate], h[:, cfg.intermediate:]
+    if cfg.swiglu_oai:
+        gate = gate.clamp(max=cfg.limit)
+        up = up.clamp(min=-cfg.limit, max=cfg.limit)
+        a = (up + 1) * (gate * torch.sigmoid(gate * cfg.alpha))
+    else:
+        a = torch.nn.functional.silu(gate) * up
+    a = a.to(dtype).float()
+    y = (a[:, None, :] * dn[e].float()).sum(-1)
+    if b_d is not None:
+        y = y + b_d[e].float()
+    y = y.to(dtype).float() * top_k_weights.reshape(-1)[order].float()[:, None]
+    # back to (token, slot), each token's slots in ascending expert id
+    where = torch.empty_like(order).scatter_(0, order, torch.arange(t * k, device=order.device))
+    y = y[where.view(t, k).gather(1, top_k_index.argsort(dim=1, stable=True))]  # [T, K, H]
+    acc = y[:, 0]
+    for j in range(1, k):
+        acc = acc + y[:, j]
+    return acc.to(hidden.dtype)
+
+
+def graph_experts(module: Any) -> GraphExperts | None:
+    """The graph form of :func:`union_experts_forward` for ``module``: a CPU experts module of the GPT-OSS
+    (``swiglu_oai``) or a SiLU layout with frozen weights; ``None`` otherwise (a compiled pass calls the module
+    as it is). Its products read each union expert's weights in place, as the eager path's packed or single-row
+    kernels do, in generated loops instead of ~25 framework operations per layer."""
+    layout = _layout(module)
+    w = module.gate_up_proj
+    if (w.device.type != "cpu" or w.requires_grad or module.down_proj.requires_grad
+            or layout.activation not in (ACT_SWIGLU_OAI, ACT_SILU)):
+        return None
+    cfg = _GraphLayout(intermediate=layout.intermediate, interleaved=layout.interleaved,
+                       swiglu_oai=layout.activation == ACT_SWIGLU_OAI, alpha=layout.alpha, limit=layout.limit)
+    return GraphExperts(forward=functools.partial(_graph_forward, cfg),
+                        weights=functools.partial(_graph_weights, module, layout))

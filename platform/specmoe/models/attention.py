@@ -42,6 +42,8 @@ def _group_mask(mask: torch.Tensor | None, b: int, hkv: int, rep: int, n: int, s
         mask = mask[..., :s]
     if mask.dtype == torch.bool:
         mask = torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), torch.finfo(dtype).min)
+    elif mask.dtype != dtype:  # a reduced-precision model's mask with float32 queries (the lean CPU path)
+        mask = mask.to(dtype)
     if mask.shape[1] == 1:
         return mask[:, :, None]
     return mask.view(b, hkv, rep, n, s)

@@ -4,7 +4,7 @@ type of every layer."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -54,6 +54,13 @@ class MaskSpec:
         if len(self.kinds) > 1:
             return "mapping"
         return "sliding" if self.kinds[0] == "sliding_attention" else "full"
+
+    def layer_windows(self, layer_types: Sequence[str] | None, num_layers: int) -> list[int | None]:
+        """Per layer, the attention window of its mask (``None``: full attention), as :meth:`build`'s masks are
+        picked per layer."""
+        if self.mode != "mapping":
+            return [self.window] * num_layers
+        return [self.window if kind == "sliding_attention" else None for kind in layer_types]
 
     def build(self, kv: KVState, positions: torch.Tensor, attend: torch.Tensor, valid: torch.Tensor,
               dtype: torch.dtype, cached_attend: torch.Tensor | None = None) -> Any:

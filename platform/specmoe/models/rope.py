@@ -65,12 +65,17 @@ class RopeTables:
         if not static(self.rotary) or (bound is None and x.device.type != "cpu"):
             cos, sin = full_tables(*self.rotary(x, positions), self.half)
             return cos[:, None], sin[:, None]
+        cos, sin = self.table(x, int(positions.max()) + 1 if bound is None else bound)
+        return cos[positions][:, None], sin[positions][:, None]
+
+    def table(self, x: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole tables ``(cos, sin)`` ``[P, D]`` (``P >= need``; a static rotary type only, see
+        :func:`static`) for ``x``'s dtype and device: row ``p`` is position ``p``."""
         inv = self.rotary.inv_freq
         stamp = (inv.data_ptr(), inv._version, x.dtype, x.device)
-        need = int(positions.max()) + 1 if bound is None else bound
         table = self._table
         if table is None or table[0] != stamp or table[1].shape[0] < need:
             size = max(need, 2 * table[1].shape[0] if table is not None else 0, 256)
             cos, sin = full_tables(*self.rotary(x, torch.arange(size, device=x.device)[None]), self.half)
             table = self._table = (stamp, cos[0], sin[0])
-        return table[1][positions][:, None], table[2][positions][:, None]
+        return table[1], table[2]

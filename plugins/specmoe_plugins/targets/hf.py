@@ -30,6 +30,7 @@ from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.target import Target, TargetOutput, TargetParts
 from specmoe.models import attention, linear
 from specmoe.models.expert_bytes import ExpertBytes, expert_bytes
+from specmoe.models.graph import GraphDecoder
 from specmoe.models.hf_masks import MaskSpec
 from specmoe.models.lean import LeanDecoder
 
@@ -126,6 +127,8 @@ class HFTarget(Target):
         self.tokenizer: Any = None
         self._capture: list[torch.Tensor] | None = None
         self._lean: LeanDecoder | None = None
+        self._verifier: Any = None
+        self._graph: GraphDecoder | None = None
         self._hooks: list[Any] = []
         self._checkpoint_config: Any = None
         self.load()
@@ -242,6 +245,7 @@ class HFTarget(Target):
             self._hooks.append(ex_mod.register_forward_pre_hook(self._routing_hook))
         self._eos = self._collect_eos()
         self._lean = LeanDecoder.build(self.model) if self.config.lean else None
+        self._graph = self._build_graph()
 
     def _collect_eos(self) -> list[int]:
         ids: list[int] = []
@@ -347,12 +351,26 @@ class HFTarget(Target):
     def set_experts_implementation(self, name: str) -> None:
         self.model.set_experts_implementation(name)
 
+    def compile_passes(self, verifier: Any) -> None:
+        """Decoding passes compiled with ``verifier`` where the lean path runs
+        (:class:`specmoe.models.graph.GraphDecoder`); ``None``: every pass eager."""
+        self._verifier = verifier
+        self._graph = self._build_graph()
+
+    def _build_graph(self) -> GraphDecoder | None:
+        if self._lean is None or self._verifier is None:
+            return None
+        layer_types = getattr(self.model.config, "layer_types", None)
+        windows = self._masks.layer_windows(layer_types, self.model.config.num_hidden_layers)
+        return GraphDecoder.build(self._lean, self._verifier.graph_experts, windows)
+
     def to(self, device: torch.device | str) -> None:
         if not self.config.device_map:
             self.model.to(device)
             self._device = self.model.get_input_embeddings().weight.device
             if self._lean is not None:  # its precision routes depend on the device
                 self._lean = LeanDecoder.build(self.model)
+                self._graph = self._build_graph()
 
     def parts(self) -> TargetParts:
         model, base = self.model, self.model.model
@@ -381,6 +399,16 @@ class HFTarget(Target):
             causal, ones = _causal(b, n, input_ids.device)
             attend = causal if attend is None else attend
             valid = ones if valid is None else valid
+        graph = self._graph
+        out = graph(input_ids, positions, kv, attend, valid) \
+            if graph is not None and graph.applies(kv, b * n, cached_attend) else None
+        if out is not None:  # one compiled pass: hidden states, routing and the logits of every row
+            last, states, routing, logits = out
+            kv.append(positions, valid)
+            if logits_at is not None:
+                logits = logits.gather(1, logits_at[:, :, None].expand(-1, -1, logits.shape[-1]))
+            hidden = self._hidden(states, hidden_layers) if hidden_layers else None
+            return TargetOutput(logits=logits, hidden=hidden, routing=routing if capture_routing else None)
         mask = self._masks.build(kv, positions, attend, valid, self.dtype, cached_attend)
         self._capture = [] if capture_routing else None
         try:

@@ -9,8 +9,8 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from specmoe.interfaces.verifier import Verifier
-from specmoe.kernels.union_torch import prepare, union_experts_forward
+from specmoe.interfaces.verifier import GraphExperts, Verifier
+from specmoe.kernels.union_torch import graph_experts, prepare, union_experts_forward
 
 __all__ = ["TorchUnionVerifier"]
 
@@ -26,6 +26,10 @@ class TorchUnionVerifier(Verifier):
         """``grouped`` (``grouped_mm`` over the slots sorted by expert: a fixed number of operations, no host
         sync), ``loop`` (one matmul per union expert); default: ``loop`` on CPUs, ``grouped`` on GPUs where
         torch runs it for the weights' dtype (see :mod:`specmoe.kernels.union_torch`)."""
+        compile: bool = True
+        """on a CPU, the target's decoding passes as one compiled graph with this verifier's graph form of the
+        experts inside (:mod:`specmoe.models.graph`; the eager passes where the machine cannot compile it or
+        gives a row a different result beside others); ``false``: every pass eager."""
 
     def implementation_name(self) -> str:
         return "specmoe_torch_union"
@@ -33,6 +37,12 @@ class TorchUnionVerifier(Verifier):
     def experts_forward(self, module: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
                         top_k_weights: torch.Tensor) -> torch.Tensor:
         return union_experts_forward(module, hidden, top_k_index, top_k_weights, self.config.strategy)
+
+    def compiled_passes(self) -> bool:
+        return self.config.compile
+
+    def graph_experts(self, module: Any) -> GraphExperts | None:
+        return graph_experts(module)
 
     def install(self, target: Any) -> None:
         """Switch ``target`` to this implementation; on a CPU in bf16 / fp16 the GPT-OSS experts' weights are

@@ -217,7 +217,7 @@ class Eagle3Drafter(Drafter):
         causal = torch.ones(n, n, dtype=torch.bool, device=dev).tril()[None] & valid[:, None, :]
         causal = causal | torch.eye(n, dtype=torch.bool, device=dev)[None]  # padding queries see themselves
         old = state.valid[:, None, :].expand(bsz, n, s) & valid[:, :, None]
-        out = m.step_into(tokens, hidden, pos - 1, ctx.k, ctx.v, s, torch.cat([old, causal], dim=2))
+        out, logps = m.step_logp(tokens, hidden, pos - 1, ctx.k, ctx.v, s, torch.cat([old, causal], dim=2))
         ctx.allowed.narrow(1, s, n).copy_(valid)
         ctx.length = s + n
         counts = valid.sum(dim=1)
@@ -225,7 +225,7 @@ class Eagle3Drafter(Drafter):
         last = valid.long().cumsum(dim=1).argmax(dim=1)  # index of the last valid pair
         ar = torch.arange(bsz, device=dev)
         h_last = out[ar, last]
-        logp = torch.log_softmax(m.logits(h_last), dim=-1)
+        logp = logps[ar, last]
         # the step before the root's: in this call when it committed two pairs or more, else the last root's
         before = valid[ar, (last - 1).clamp(min=0)] & (counts > 1)
         older = state.root_hidden if state.root_hidden is not None else torch.zeros_like(h_last)

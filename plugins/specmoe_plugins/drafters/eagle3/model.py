@@ -445,6 +445,24 @@ class Eagle3Model(nn.Module):
         keys, values = cache_k.narrow(2, 0, start + n), cache_v.narrow(2, 0, start + n)
         return self.finish(attend(q, keys, values, allowed), residual)
 
+    def step_logp(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                  cache_k: torch.Tensor, cache_v: torch.Tensor, start: int,
+                  allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step_into` and the draft log-probabilities of every new input: ``(out [B, N, H],
+        log-probabilities [B, N, V_draft] float32)``. Inference on a CPU runs it as one compiled function
+        (:mod:`specmoe_plugins.drafters.eagle3.compiled`) where it can."""
+        compiled = self.__dict__.get("_compiled_step", False)
+        if compiled is False:
+            from specmoe_plugins.drafters.eagle3.compiled import CompiledStep
+
+            compiled = self.__dict__["_compiled_step"] = CompiledStep.build(self)
+        if compiled is not None and not torch.is_grad_enabled():
+            got = compiled(tokens, hidden, positions, cache_k, cache_v, start, allowed)
+            if got is not None:
+                return got
+        out = self.step_into(tokens, hidden, positions, cache_k, cache_v, start, allowed)
+        return out, torch.log_softmax(self.logits(out), dim=-1)
+
     # ------------------------------------------------------------------ vocabulary
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (``i + d2t[i]``)."""

@@ -111,10 +111,10 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
             parts.append(ancestors.gather(2, prev[:, None, :].expand(bsz, k, prev.shape[1])))
         parts.append(torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k))
         start = n_ctx + k * len(done)
-        out = model.step_into(tokens, hidden, pos, ctx.k, ctx.v, start, torch.cat(parts, dim=2))
+        out, logp = model.step_logp(tokens, hidden, pos, ctx.k, ctx.v, start, torch.cat(parts, dim=2))
         node_hidden[ar_b, pool_idx] = out
         done.append(pool_idx)
-        return torch.log_softmax(model.logits(out), dim=-1)
+        return logp
 
     tree = build_pool(root_tokens, root_logp, expand, steps, top_k, to_target=model.to_target, width=width)
     if prev_hidden is not None:

@@ -1,0 +1,69 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compiled inference functions on CPUs: the settings and helpers the compiled passes share (the target's
+decoding pass, :mod:`specmoe.models.graph`; a drafter's step).
+
+A compiled function here is ``torch.compile(fullgraph=True)`` of a pure function of tensors, with:
+
+* its own code object (:func:`compile_fn`): ``torch.compile`` keeps compiled variants, and their limit, per
+  code object, so each owner (a target, a draft model) compiles and guards its own;
+* the sizes that vary marked dynamic (:func:`dynamic`), every other size a constant of the variant;
+* inputs with the strides of new tensors (:func:`standard`), so a view's layout never starts a new variant;
+* the inductor settings of :data:`INDUCTOR`.
+
+``SPECMOE_COMPILE=0`` switches every compiled function off (:func:`enabled`); where compiling fails (no C++
+compiler on the machine, an operation inductor does not support) the owner runs its eager code instead, said
+once in the log.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Callable
+
+import torch
+
+__all__ = ["enabled", "compile_fn", "standard", "dynamic", "INDUCTOR", "failure"]
+
+#: inductor settings: no per-call size / alignment checks of the inputs and buffers (their layout is ours:
+#: :func:`standard`), which cost a third of a one-token pass of the demo target, and no bounds check of gathers
+#: in the innermost loops (the indices come from ``topk``, sorts and positions, in range by construction): with
+#: the check the experts' gathered products ran at a third of the memory bandwidth
+INDUCTOR = {"size_asserts": False, "alignment_asserts": False, "assert_indirect_indexing": False}
+
+
+def enabled() -> bool:
+    """Whether compiled functions are allowed (``SPECMOE_COMPILE`` unset, or not ``0`` / ``false``)."""
+    return os.environ.get("SPECMOE_COMPILE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def compile_fn(fn: Callable) -> Callable:
+    """``fn`` compiled (lazily, at its first call) as a whole graph, from a copy with its own code object."""
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__,
+                             fn.__closure__)
+    return torch.compile(own, fullgraph=True, options=INDUCTOR)
+
+
+def standard(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the strides of a new contiguous tensor of its shape (a view such as ``x[:, j:j + 1]`` is
+    contiguous but keeps other strides on its size-one dimensions, which a compiled function guards on)."""
+    expected, step = [], 1
+    for size in reversed(t.shape):
+        expected.append(step)
+        step *= size
+    if tuple(reversed(expected)) == tuple(t.stride()):
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
+    """Mark ``t``'s ``dims`` as sizes that vary between calls (returns ``t``)."""
+    if getattr(t, "_dynamo_dynamic_indices", None) != set(dims):
+        torch._dynamo.mark_dynamic(t, list(dims))
+    return t
+
+
+def failure(exc: BaseException) -> str:
+    """One line saying why compiling failed."""
+    text = str(exc).strip().splitlines()
+    return f"compiling failed ({type(exc).__name__}: {text[0] if text else ''})"

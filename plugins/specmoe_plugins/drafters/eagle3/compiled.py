@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The EAGLE-3 draft's inference step as one compiled function on CPUs: :meth:`Eagle3Model.step_into` and the
+log-probabilities of every new input, in a few generated loops instead of ~130 framework operations.
+
+A draft's rounding never decides what is committed (verification does), so the step is free to take whatever
+kernels inductor picks for any number of rows. The computation is :meth:`Eagle3Model.step_into` followed by
+``log_softmax(logits)`` (tested equal to rounding); a rotary type whose tables change with the sequence, a GPU,
+``SPECMOE_COMPILE=0`` or a failure to compile keep the eager step (the failure said once in the log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+
+from specmoe.models.compiling import compile_fn, dynamic, enabled, failure, standard
+from specmoe.models.graph import project
+from specmoe.models.rope import RopeTables, static
+
+__all__ = ["CompiledStep"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    scale: float
+    norm_before_residual: bool
+    act: Any
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+
+
+def _step(spec: _Spec, w: dict, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+          cos_table: torch.Tensor, sin_table: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+          allowed: torch.Tensor):
+    """``tokens [B, N]``, ``hidden [B, N, H]``, ``positions [B, N]``, the caches ``[B, H_kv, C, D]`` (the ``N``
+    new keys / values written at slots ``S .. S + N``), ``allowed [B, N, S + N]`` -> ``(out [B, N, H],
+    log-probabilities [B, N, V_draft] float32)``."""
+    b, n = tokens.shape
+    total = allowed.shape[-1]
+    hq, hkv, d = spec.heads, spec.kv_heads, spec.head_dim
+    def lin(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return project(x, weight, bias).to(x.dtype)
+
+    emb = w["embed"][tokens].to(hidden.dtype)
+    h_norm = _rms(hidden, w["hidden_norm"], spec.eps)
+    x = torch.cat([_rms(emb, w["input_norm"], spec.eps), h_norm], dim=-1)
+    q = lin(x, w["q"], w["q_b"]).view(b, n, hq, d).transpose(1, 2)
+    k = lin(x, w["k"], w["k_b"]).view(b, n, hkv, d).transpose(1, 2)
+    v = lin(x, w["v"], w["v_b"]).view(b, n, hkv, d).transpose(1, 2)
+    cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
+    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    slots = torch.arange(n, device=cache_k.device) + (total - n)
+    cache_k.index_copy_(2, slots, k.to(cache_k.dtype))
+    cache_v.index_copy_(2, slots, v.to(cache_v.dtype))
+    keys, values = cache_k.narrow(2, 0, total), cache_v.narrow(2, 0, total)
+    rep = hq // hkv
+    mask = allowed[:, None, None].expand(b, hkv, rep, n, total).reshape(b, hkv, rep * n, total)
+    att = torch.nn.functional.scaled_dot_product_attention(q.reshape(b, hkv, rep * n, d), keys, values,
+                                                           attn_mask=mask, scale=spec.scale)
+    flat = att.view(b, hq, n, d).transpose(1, 2).reshape(b, n, hq * d)
+    h = (h_norm if spec.norm_before_residual else hidden) + lin(flat, w["o"], w["o_b"])
+    y = _rms(h, w["post_norm"], spec.eps)
+    out = h + lin(spec.act(lin(y, w["gate"], w["gate_b"])) * lin(y, w["up"], w["up_b"]), w["down"], w["down_b"])
+    logits = project(_rms(out, w["norm"], spec.eps), w["lm_head"])
+    return out, torch.log_softmax(logits, dim=-1)
+
+
+class CompiledStep:
+    """The compiled step of one draft model (see the module docstring); built lazily by :meth:`build`."""
+
+    def __init__(self, model: Any) -> None:
+        c = model.config
+        self.model = model
+        self.spec = _Spec(heads=c.num_attention_heads, kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
+                          eps=float(model.norm.eps), scale=float(model.scale),
+                          norm_before_residual=bool(c.norm_before_residual), act=model.midlayer.mlp.act)
+        self._fn = compile_fn(_step)
+        self._rope: RopeTables | None = None
+        self.off = False
+
+    @classmethod
+    def build(cls, model: Any) -> CompiledStep | None:
+        """A compiled step for ``model``, or ``None`` where the eager step runs (a GPU, a rotary type whose
+        tables change, ``SPECMOE_COMPILE=0``)."""
+        if not enabled() or model.fc.weight.device.type != "cpu" or not static(model.rotary):
+            return None
+        return cls(model)
+
+    def _weights(self) -> dict:
+        m = self.model
+        layer, att, mlp = m.midlayer, m.midlayer.self_attn, m.midlayer.mlp
+        linears = {"q": att.q_proj, "k": att.k_proj, "v": att.v_proj, "o": att.o_proj, "gate": mlp.gate_proj,
+                   "up": mlp.up_proj, "down": mlp.down_proj}
+        w = {name: layer_.weight for name, layer_ in linears.items()}
+        w.update({f"{name}_b": layer_.bias for name, layer_ in linears.items()})
+        w.update(embed=m.embed_tokens.weight, hidden_norm=layer.hidden_norm.weight,
+                 input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
+                 norm=m.norm.weight, lm_head=m.lm_head.weight)
+        return w
+
+    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                 cache_k: torch.Tensor, cache_v: torch.Tensor, start: int,
+                 allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`Eagle3Model.step_into` with the log-probabilities of every new input, or ``None`` (the caller
+        runs the eager step) once compiling failed."""
+        if self.off:
+            return None
+        m = self.model
+        n = tokens.shape[1]
+        if self._rope is None or self._rope.rotary is not m.rotary:  # the loader may swap in its own rotary
+            self._rope = RopeTables(m.rotary, self.spec.head_dim)
+        cos, sin = self._rope.table(hidden, start + n)
+        tokens, hidden, positions, allowed = (standard(t) for t in (tokens, hidden, positions, allowed))
+        for t in (tokens, hidden, positions):
+            dynamic(t, 1)
+        dynamic(allowed, 1, 2)
+        for t in (cos, sin):
+            dynamic(t, 0)
+        for t in (cache_k, cache_v):
+            dynamic(t, 2)
+        try:
+            return self._fn(self.spec, self._weights(), tokens, hidden, positions, cos, sin, cache_k, cache_v,
+                            allowed)
+        except Exception as exc:  # a compiler missing or failing on this machine: the eager step stays
+            self.off = True
+            logger.warning("EAGLE-3 draft step: %s; the eager step runs", failure(exc))
+            return None

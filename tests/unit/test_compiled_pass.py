@@ -1,0 +1,178 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compiled decoding passes (:mod:`specmoe.models.graph`, the default with ``torch_union`` on CPUs): greedy
+speculative decoding equals autoregressive decoding token for token with every verification and AR step
+compiled (GPT-OSS and Qwen3-MoE, float32 and bfloat16, batch 1 and 3, with multi-token acceptance asserted and
+the compiled passes counted); a compiled pass computes what the eager lean pass computes (to rounding); the
+first-use trial and a failing compiler leave the eager passes in charge."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from fixtures.agreeing import MIN_MULTI, multi_token_share, predictable_checkpoint
+from fixtures.tiny import random_prompts
+
+from specmoe.decoding.ar import ar_generate
+from specmoe.decoding.engine import SpeculativeEngine
+from specmoe.decoding.stopping import StopRule
+from specmoe.models.graph import GraphDecoder
+from specmoe.registry import drafters, predictors, selectors, targets, verifiers
+
+LEAN = ["gpt_oss", "qwen3_moe"]
+MAX_NEW = 16
+
+
+def _target(tiny_cache, arch: str, dtype: str = "float32", compile_: bool = True):
+    """A fresh predictable target (its own compiled pass) with ``torch_union`` installed."""
+    ckpt = predictable_checkpoint(arch, tiny_cache)
+    target = targets.get("hf")(path=str(ckpt), dtype=dtype)
+    verifiers.get("torch_union")(compile=compile_).install(target)
+    return target
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", LEAN)
+def test_compiled_speculation_equals_compiled_ar(compiled, tiny_cache, agreeing_drafts, arch, dtype):
+    target = _target(tiny_cache, arch, dtype)
+    graph = target._graph
+    assert graph is not None
+    drafter = drafters.get("eagle3")(path=str(agreeing_drafts(arch, "eagle3")))
+    drafter.setup(target)
+    pred = predictors.get("router_on_embedding")()
+    pred.setup(target)
+    prompts = random_prompts(3, [2, 11, 29], target.vocab_size, seed=4)
+    free = ar_generate(target, prompts[:1], temperature=0, stop=StopRule(MAX_NEW))
+    assert graph.state == "ready", graph.reason
+    stop = StopRule(MAX_NEW, stop_ids=[free.tokens[0][5]])
+    refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
+    ar_passes = graph.passes
+    assert ar_passes >= sum(len(r) for r in refs) - len(refs), "the AR steps ran compiled"
+    gens = []
+    for sel_name in ("confidence", "ecospec"):
+        engine = SpeculativeEngine(target, drafter, selectors.get(sel_name)(), pred)
+        for gamma in (2, 4):
+            for p, ref in zip(prompts, refs):
+                out = engine.generate([p], budget=gamma, steps=3, top_k=2, temperature=0, stop=stop)
+                assert out.tokens[0] == ref, f"{arch} {dtype} {sel_name} gamma={gamma} len {len(p)}"
+                gens.append(out)
+        out = engine.generate(prompts, budget=4, steps=3, top_k=2, temperature=0, stop=stop)
+        assert out.tokens == refs, f"{arch} {dtype} {sel_name} batch of 3"
+        gens.append(out)
+    assert graph.passes > ar_passes + sum(len(g.steps) for g in gens) // 2, "the verification passes ran compiled"
+    assert graph.state == "ready"
+    share = multi_token_share(gens)
+    assert share >= MIN_MULTI, f"{arch} {dtype}: only {share:.2f} of steps accepted a draft"
+
+
+@pytest.mark.parametrize("arch", LEAN)
+def test_compiled_pass_computes_the_eager_pass(compiled, tiny_cache, arch):
+    """The same passes (a prompt, then one token, then a 3-node tree) through the compiled and the eager path:
+    logits within float32 rounding, the same routing, the same hidden states to rounding."""
+    fast, slow = _target(tiny_cache, arch), _target(tiny_cache, arch, compile_=False)
+    assert fast._graph is not None and slow._graph is None
+    prompt = torch.tensor([random_prompts(1, [13], fast.vocab_size, seed=2)[0]])
+    outs = {}
+    for name, target in (("fast", fast), ("slow", slow)):
+        kv = target.new_kv(1, capacity=32)
+        pos = torch.arange(13)[None]
+        first = target.forward(prompt, kv, pos, capture_routing=True)
+        step = target.forward(prompt[:, -1:], kv, torch.tensor([[13]]), capture_routing=True, hidden_layers=[1, -1])
+        tree = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])[None]
+        nodes = target.forward(prompt[:, :3], kv, torch.tensor([[14, 15, 15]]), tree, capture_routing=True,
+                               hidden_layers=[0, 2])
+        outs[name] = (first, step, nodes)
+    assert fast._graph.passes == 2 and fast._graph.state == "ready"
+    for a, b in zip(outs["fast"], outs["slow"]):
+        scale = float(b.logits.abs().max())
+        assert float((a.logits - b.logits).abs().max()) <= 1e-4 * scale
+        assert torch.equal(a.routing, b.routing)
+        if b.hidden is not None:
+            assert torch.allclose(a.hidden, b.hidden, rtol=1e-4, atol=1e-4 * float(b.hidden.abs().max()))
+
+
+def _ar(target, prompts):
+    return [ar_generate(target, [p], temperature=0, stop=StopRule(8)).tokens[0] for p in prompts]
+
+
+def test_a_row_that_differs_beside_others_turns_compiling_off(compiled, tiny_cache, monkeypatch, caplog):
+    """The first-use trial compares each row of a multi-row pass with the row alone; where they differ the
+    target keeps its eager passes (and says so), with the eager output."""
+    target = _target(tiny_cache, "gpt_oss")
+    run = GraphDecoder._run
+
+    def uneven(self, input_ids, *args):  # a pass of several tokens rounds its rows differently
+        h, states, routing, logits = run(self, input_ids, *args)
+        return h, states, routing, logits + (1e-6 if input_ids.shape[1] > 1 else 0.0)
+
+    monkeypatch.setattr(GraphDecoder, "_run", uneven)
+    prompts = random_prompts(2, [5, 9], target.vocab_size, seed=3)
+    with caplog.at_level(logging.WARNING, logger="specmoe.models.graph"):
+        got = _ar(target, prompts)
+    assert target._graph.state == "off" and target._graph.passes == 0
+    assert "differs from the same row alone" in caplog.text
+    assert got == _ar(_target(tiny_cache, "gpt_oss", compile_=False), prompts)
+
+
+def test_a_compiler_failure_keeps_the_eager_passes(compiled, tiny_cache, caplog):
+    target = _target(tiny_cache, "qwen3_moe")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    target._graph._fn = broken
+    prompts = random_prompts(2, [5, 9], target.vocab_size, seed=3)
+    with caplog.at_level(logging.WARNING, logger="specmoe.models.graph"):
+        got = _ar(target, prompts)
+    assert target._graph.state == "off" and "no C++ compiler" in target._graph.reason
+    assert "compiling failed" in caplog.text
+    assert got == _ar(_target(tiny_cache, "qwen3_moe", compile_=False), prompts)
+
+
+def test_switched_off_by_the_environment_and_by_the_verifier(tiny_cache, monkeypatch):
+    monkeypatch.setenv("SPECMOE_COMPILE", "0")
+    assert _target(tiny_cache, "gpt_oss")._graph is None
+    monkeypatch.setenv("SPECMOE_COMPILE", "1")
+    assert _target(tiny_cache, "gpt_oss", compile_=False)._graph is None
+    target = _target(tiny_cache, "gpt_oss")
+    assert target._graph is not None
+    verifiers.get("hf")().install(target)  # the model's own experts code: every pass eager
+    assert target._graph is None
+
+
+def test_compiled_draft_step_computes_the_eager_step(compiled, monkeypatch):
+    """The EAGLE-3 draft's compiled step (:mod:`specmoe_plugins.drafters.eagle3.compiled`) against its eager
+    step over the same cache: one input, then three inputs attending to the first and to their own prefix."""
+    from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model
+
+    torch.manual_seed(0)
+    c = Eagle3Config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=60, draft_vocab_size=40)
+    models = {}
+    for name, env in (("compiled", "1"), ("eager", "0")):
+        monkeypatch.setenv("SPECMOE_COMPILE", env)
+        torch.manual_seed(0)
+        m = Eagle3Model(c).eval().requires_grad_(False)
+        for p in m.parameters():
+            p.data.normal_(0, 0.3)
+        m.step_logp(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, 32), torch.zeros(1, 1, dtype=torch.long),
+                    torch.zeros(1, 2, 8, 8), torch.zeros(1, 2, 8, 8), 0, torch.ones(1, 1, 1, dtype=torch.bool))
+        models[name] = m
+    assert models["compiled"].__dict__["_compiled_step"] is not None
+    assert models["eager"].__dict__["_compiled_step"] is None
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 60, (2, 4), generator=g)
+    hidden = torch.randn(2, 4, 32, generator=g)
+    results = {}
+    with torch.no_grad():
+        for name, m in models.items():
+            k, v = torch.zeros(2, 2, 16, 8), torch.zeros(2, 2, 16, 8)
+            first = m.step_logp(tokens[:, :1], hidden[:, :1], torch.zeros(2, 1, dtype=torch.long), k, v, 0,
+                                torch.ones(2, 1, 1, dtype=torch.bool))
+            allowed = torch.ones(2, 3, 4, dtype=torch.bool).tril(1)
+            rest = m.step_logp(tokens[:, 1:], hidden[:, 1:], torch.tensor([[1, 2, 3]] * 2), k, v, 1, allowed)
+            results[name] = (*first, *rest, k[:, :, :4], v[:, :, :4])
+    for a, b in zip(results["compiled"], results["eager"]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert not models["compiled"].__dict__["_compiled_step"].off
