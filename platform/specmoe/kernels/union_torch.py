@@ -109,7 +109,8 @@ def _matmuls(x: torch.Tensor, weight: torch.Tensor, transposed: bool, counts: li
     row); the expert's weights are read from memory once and from cache for its further rows."""
     n_out = weight.shape[-1] if transposed else weight.shape[-2]
     out = torch.empty(x.shape[0], n_out, dtype=weight.dtype, device=x.device)
-    reduced = x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
+    # (a prompt pass, :func:`specmoe.models.linear.shared_pass`, takes a row block per call: no step rounds alike)
+    reduced = x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16) and not linear.in_shared_pass()
     start = 0
     for expert, c in enumerate(counts):
         if not c:

@@ -50,7 +50,7 @@ __all__ = ["GraphDecoder", "row_linear", "project", "RowInvariantLinear", "MAX_R
 logger = logging.getLogger(__name__)
 
 #: passes of more rows (batch x new tokens) than this keep the eager lean path
-MAX_ROWS = 64
+MAX_ROWS = 1024
 
 #: rows of the first-use trial (:meth:`GraphDecoder._trial`)
 TRIAL_ROWS = 4
@@ -260,7 +260,8 @@ class GraphDecoder:
         self.vocab = int(lean.model.config.vocab_size)
         self._fn = compile_fn(_decode_pass)
         self._sources = self._weight_sources()
-        self.state = "new"  # new -> ready | off
+        self.state = "new"  # new -> ready (a batch size passed the trial) | off
+        self.tried: set[int] = set()  # batch sizes whose compiled variant passed the first-use trial
         self.reason = ""
         self.passes = 0  # compiled passes run (the first-use trial's not counted)
 
@@ -390,7 +391,7 @@ class GraphDecoder:
         """One decoding pass (:meth:`applies` must hold; ``attend [B, N, N]``, ``valid [B, N]``) -> ``(final
         hidden [B, N, H], hidden states list, routing [B, N, L, K], float32 logits [B, N, V])``, or ``None``
         where the passes stay eager (compiling failed, or the trial at first use); nothing was written then."""
-        if self.state == "new" and not self._trial(input_ids, positions, kv):
+        if input_ids.shape[0] not in self.tried and not self._trial(input_ids, positions, kv):
             return None
         try:
             out = self._run(input_ids, positions, kv, attend, valid)
@@ -406,7 +407,8 @@ class GraphDecoder:
                        type(self.lean.model).__name__, reason)
 
     def _trial(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: Any) -> bool:
-        """At first use, on this machine: :data:`TRIAL_ROWS` new tokens (following this pass's first ones) as one
+        """At the first pass of each batch size (a compiled variant of its own), on this machine:
+        :data:`TRIAL_ROWS` new tokens (following this pass's first ones) as one
         causal pass, and then one at a time over the same cache (each seeing the slots the earlier ones wrote,
         as in the pass together), must give each token the same hidden states, routing and logits. The KV
         state is left as it was."""
@@ -441,5 +443,6 @@ class GraphDecoder:
             self._off("a row of a multi-row pass differs from the same row alone on this machine")
             return False
         self.state = "ready"
+        self.tried.add(b)
         return True
 

@@ -44,13 +44,36 @@ bf16: packed; fp16: 1 row), and ``F.linear`` otherwise (GPUs, large passes, trai
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 
 import torch
 
-__all__ = ["linear", "install", "ROWS", "single_row_reduced", "single_row_mm", "reduced_cpu", "FusedLinear",
+__all__ = ["shared_pass", "in_shared_pass", "linear", "install", "ROWS",
+           "single_row_reduced", "single_row_mm", "reduced_cpu", "FusedLinear",
            "FP32_COPY_MAX", "FP32_PACK_MIN", "PACK_ROWS", "packed_linear", "packed_row_invariant"]
+
+_SHARED = [0]
+
+
+@contextlib.contextmanager
+def shared_pass():
+    """A pass that every method runs alike (a prompt pass into an empty cache: the same for the autoregressive
+    reference and every speculative method), whose rows need not round as they would alone: inside it, kernels
+    that otherwise take one row per call for that reason may take a row block at once
+    (:func:`specmoe.kernels.union_torch` reduced-precision experts)."""
+    _SHARED[0] += 1
+    try:
+        yield
+    finally:
+        _SHARED[0] -= 1
+
+
+def in_shared_pass() -> bool:
+    """Whether a :func:`shared_pass` is running."""
+    return _SHARED[0] > 0
+
 
 #: row counts that take the ``(W @ x.T).T`` route (measured faster on the CPU BLAS; see the module docstring)
 ROWS = (2, 8)

@@ -14,6 +14,7 @@ device hooks move them to each layer.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -128,6 +129,7 @@ class HFTarget(Target):
         self._capture: list[torch.Tensor] | None = None
         self._lean: LeanDecoder | None = None
         self._verifier: Any = None
+        self._verifier_key: Any = None
         self._graph: GraphDecoder | None = None
         self._hooks: list[Any] = []
         self._checkpoint_config: Any = None
@@ -353,9 +355,23 @@ class HFTarget(Target):
 
     def compile_passes(self, verifier: Any) -> None:
         """Decoding passes compiled with ``verifier`` where the lean path runs
-        (:class:`specmoe.models.graph.GraphDecoder`); ``None``: every pass eager."""
-        self._verifier = verifier
+        (:class:`specmoe.models.graph.GraphDecoder`), compiled here (so that no timed pass pays for it) and kept
+        while the same verifier is installed again; ``None``: every pass eager."""
+        key = None if verifier is None else (type(verifier), repr(getattr(verifier, "config", None)))
+        if key is not None and key == self._verifier_key and self._graph is not None:
+            return
+        self._verifier, self._verifier_key = verifier, key
         self._graph = self._build_graph()
+        if self._graph is not None:
+            self._warm_graph()
+
+    @torch.no_grad()
+    def _warm_graph(self) -> None:
+        """A prompt pass and one decoding step on a scratch cache: compiles the batch-1 pass and runs its trial."""
+        kv = self.new_kv(1, capacity=8)
+        ids = torch.tensor([[1, 2, 3]], device=self.device) % self.vocab_size
+        self.forward(ids, kv, torch.arange(3, device=self.device)[None])
+        self.forward(ids[:, :1], kv, torch.tensor([[3]], device=self.device))
 
     def _build_graph(self) -> GraphDecoder | None:
         if self._lean is None or self._verifier is None:
@@ -411,13 +427,15 @@ class HFTarget(Target):
             return TargetOutput(logits=logits, hidden=hidden, routing=routing if capture_routing else None)
         mask = self._masks.build(kv, positions, attend, valid, self.dtype, cached_attend)
         self._capture = [] if capture_routing else None
+        prompt = linear.shared_pass() if kv.num_slots == 0 else contextlib.nullcontext()
         try:
-            if self._lean is not None:
-                last, states = self._lean(input_ids, positions, kv.cache, mask, hidden_layers)
-            else:
-                out = self.model.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                                       cache=kv.cache, use_cache=True, output_hidden_states=bool(hidden_layers))
-                last, states = out.last_hidden_state, out.hidden_states
+            with prompt:  # a prompt pass: the same for every method, its rows need not round as alone
+                if self._lean is not None:
+                    last, states = self._lean(input_ids, positions, kv.cache, mask, hidden_layers)
+                else:
+                    out = self.model.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                           cache=kv.cache, use_cache=True, output_hidden_states=bool(hidden_layers))
+                    last, states = out.last_hidden_state, out.hidden_states
             routing = self._routing(b, n) if capture_routing else None
         finally:
             self._capture = None

@@ -187,6 +187,7 @@ class Eagle3Drafter(Drafter):
         self._layers = capture_indices(c.aux_layer_ids, target.num_hidden_layers)
         self.model = model.requires_grad_(False)
         linear.install(self.model)  # inference: skinny rows take the faster CPU BLAS route
+        self.model.warm_up()  # a compiled step compiles here, not in a timed draft
         self.target = target
 
     def begin(self, batch_size: int) -> Eagle3State:

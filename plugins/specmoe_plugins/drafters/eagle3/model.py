@@ -463,6 +463,20 @@ class Eagle3Model(nn.Module):
         out = self.step_into(tokens, hidden, positions, cache_k, cache_v, start, allowed)
         return out, torch.log_softmax(self.logits(out), dim=-1)
 
+    @torch.no_grad()
+    def warm_up(self) -> None:
+        """Run :meth:`step_logp` once over one and over two inputs on a scratch cache (batch 1): the compiled
+        step's variants compile here rather than in the first drafts (a no-op for the eager step)."""
+        if self.__dict__.get("_compiled_step", False) is None:
+            return
+        c, p = self.config, self.fc.weight
+        cache = torch.zeros(1, c.num_key_value_heads, 8, c.head_dim, dtype=p.dtype, device=p.device)
+        for n in (1, 2):
+            tokens = torch.zeros(1, n, dtype=torch.long, device=p.device)
+            allowed = torch.ones(n, n, dtype=torch.bool, device=p.device).tril()[None]
+            self.step_logp(tokens, torch.zeros(1, n, c.hidden_size, dtype=p.dtype, device=p.device),
+                           torch.arange(n, device=p.device)[None], cache, cache.clone(), 0, allowed)
+
     # ------------------------------------------------------------------ vocabulary
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (``i + d2t[i]``)."""
