@@ -440,7 +440,6 @@ class _GraphLayout:
     """The constants of :func:`_graph_forward` (guarded by value when compiled)."""
 
     intermediate: int
-    interleaved: bool
     swiglu_oai: bool
     alpha: float
     limit: float
@@ -451,20 +450,24 @@ _OUTPUT_MAJOR: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictiona
 
 def _graph_weights(module: Any, layout: ExpertsLayout) -> tuple:
     """``(gate_up [E, 2I, H], gate_up_bias [E, 2I] | None, down [E, H, I], down_bias [E, H] | None)``, both
-    products output-major (each output one contiguous row of its input): views of the module's own weights where
-    they are stored so (Qwen3-MoE, DeepSeek-V3; a reduced-precision GPT-OSS model after :func:`prepare`), else a
-    copy (a float32 GPT-OSS model stores its experts input-major), rebuilt when a weight changes."""
+    products output-major (each output one contiguous row of its input), gate outputs in ``[0, I)`` and up outputs
+    in ``[I, 2I)``: the module's own weights where they are stored so (Qwen3-MoE, DeepSeek-V3), else a copy kept
+    beside them and rebuilt when a weight changes (GPT-OSS stores its experts input-major and interleaved; with
+    the halves de-interleaved the bf16 pass ran ~20 % faster than reading them interleaved in place)."""
     gu, dn = module.gate_up_proj.detach(), module.down_proj.detach()
-    if layout.transposed:  # [E, in, out] -> [E, out, in]
-        gu, dn = gu.transpose(1, 2), dn.transpose(1, 2)
-        if not (gu.is_contiguous() and dn.is_contiguous()):
-            stamp = _stamp(module)
-            cached = _OUTPUT_MAJOR.get(module)
-            if cached is None or cached[0] != stamp:
-                cached = _OUTPUT_MAJOR[module] = (stamp, gu.contiguous(), dn.contiguous())
-            gu, dn = cached[1], cached[2]
     b_gu = module.gate_up_proj_bias.detach() if layout.has_bias else None
     b_d = module.down_proj_bias.detach() if layout.has_bias else None
+    if layout.transposed:  # [E, in, out] -> [E, out, in]
+        gu, dn = gu.transpose(1, 2), dn.transpose(1, 2)
+    if not (gu.is_contiguous() and dn.is_contiguous()) or layout.interleaved:
+        stamp = _stamp(module)
+        cached = _OUTPUT_MAJOR.get(module)
+        if cached is None or cached[0] != stamp:
+            if layout.interleaved:  # gate outputs first, then up: each half one contiguous block
+                gu = torch.cat([gu[:, 0::2], gu[:, 1::2]], dim=1)
+                b_gu = torch.cat([b_gu[:, 0::2], b_gu[:, 1::2]], dim=1) if b_gu is not None else None
+            cached = _OUTPUT_MAJOR[module] = (stamp, gu.contiguous(), dn.contiguous(), b_gu)
+        gu, dn, b_gu = cached[1], cached[2], cached[3]
     return gu, b_gu, dn, b_d
 
 
@@ -489,11 +492,7 @@ def _graph_forward(cfg: _GraphLayout, weights: tuple, hidden: torch.Tensor, top_
     h = (x[:, None, :] * gu[e].float()).sum(-1)
     if b_gu is not None:
         h = h + b_gu[e].float()
-    h = h.to(dtype).float()
-    if cfg.interleaved:
-        gate, up = h[:, 0::2], h[:, 1::2]
-    else:
-        gate, up = h[:, :cfg.intermediate], h[:, cfg.intermediate:]
+    gate, up = h.to(dtype).float().split(cfg.intermediate, dim=-1)
     if cfg.swiglu_oai:
         gate = gate.clamp(max=cfg.limit)
         up = up.clamp(min=-cfg.limit, max=cfg.limit)
@@ -524,7 +523,7 @@ def graph_experts(module: Any) -> GraphExperts | None:
     if (w.device.type != "cpu" or w.requires_grad or module.down_proj.requires_grad
             or layout.activation not in (ACT_SWIGLU_OAI, ACT_SILU)):
         return None
-    cfg = _GraphLayout(intermediate=layout.intermediate, interleaved=layout.interleaved,
-                       swiglu_oai=layout.activation == ACT_SWIGLU_OAI, alpha=layout.alpha, limit=layout.limit)
+    cfg = _GraphLayout(intermediate=layout.intermediate, swiglu_oai=layout.activation == ACT_SWIGLU_OAI,
+                       alpha=layout.alpha, limit=layout.limit)
     return GraphExperts(forward=functools.partial(_graph_forward, cfg),
                         weights=functools.partial(_graph_weights, module, layout))
