@@ -178,3 +178,35 @@ def test_compiled_draft_step_computes_the_eager_step(compiled, monkeypatch):
     for a, b in zip(results["compiled"], results["eager"]):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
     assert not models["compiled"].__dict__["_compiled_step"].off
+
+
+def test_a_draft_step_over_more_inputs_than_compiled_max_rows_runs_eagerly(compiled, monkeypatch):
+    """A prompt's or a long catch-up's draft step (``B * N`` above ``COMPILED_MAX_ROWS``) takes the eager step
+    (BLAS products read each weight once for all rows); up to it the compiled step runs; both give the same
+    log-probabilities to rounding."""
+    from specmoe_plugins.drafters.eagle3 import compiled as compiled_mod
+    from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model
+
+    c = Eagle3Config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=60, draft_vocab_size=40)
+    torch.manual_seed(0)
+    m = Eagle3Model(c).eval().requires_grad_(False)
+    for p in m.parameters():
+        p.data.normal_(0, 0.3)
+    calls = []
+    real = compiled_mod.CompiledStep.__call__
+    monkeypatch.setattr(compiled_mod.CompiledStep, "__call__",
+                        lambda self, tokens, *a: calls.append(tokens.numel()) or real(self, tokens, *a))
+    n = compiled_mod.COMPILED_MAX_ROWS + 1
+    g = torch.Generator().manual_seed(2)
+    tokens, hidden = torch.randint(0, 60, (1, n), generator=g), torch.randn(1, n, 32, generator=g)
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    with torch.no_grad():
+        out = {}
+        for rows in (n, n - 1):  # the first runs eagerly, the second (COMPILED_MAX_ROWS inputs) compiled
+            k, v = torch.zeros(1, 2, 16, 8), torch.zeros(1, 2, 16, 8)
+            out[rows] = m.step_logp(tokens[:, :rows], hidden[:, :rows], torch.arange(rows)[None], k, v, 0,
+                                    allowed[:, :rows, :rows])[1]
+    assert calls == [n - 1]
+    assert m.__dict__["_compiled_step"] is not None and not m.__dict__["_compiled_step"].off
+    assert torch.allclose(out[n][:, :n - 1], out[n - 1], rtol=1e-4, atol=1e-5)

@@ -450,13 +450,16 @@ class Eagle3Model(nn.Module):
                   allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`step_into` and the draft log-probabilities of every new input: ``(out [B, N, H],
         log-probabilities [B, N, V_draft] float32)``. Inference on a CPU runs it as one compiled function
-        (:mod:`specmoe_plugins.drafters.eagle3.compiled`) where it can."""
+        (:mod:`specmoe_plugins.drafters.eagle3.compiled`) where it can, for up to
+        :data:`~specmoe_plugins.drafters.eagle3.compiled.COMPILED_MAX_ROWS` inputs (``B * N``: a tree's expansion,
+        a chain's step, a short catch-up); more (a prompt, a long catch-up) take the eager step, whose BLAS products
+        read each weight once for all rows (40 inputs: ~2-3 ms against ~5-7 ms compiled on a 2-core Zen 4)."""
         compiled = self.__dict__.get("_compiled_step", False)
         if compiled is False:
             from specmoe_plugins.drafters.eagle3.compiled import CompiledStep
 
             compiled = self.__dict__["_compiled_step"] = CompiledStep.build(self)
-        if compiled is not None and not torch.is_grad_enabled():
+        if compiled is not None and not torch.is_grad_enabled() and tokens.numel() <= compiled.max_rows:
             got = compiled(tokens, hidden, positions, cache_k, cache_v, start, allowed)
             if got is not None:
                 return got
