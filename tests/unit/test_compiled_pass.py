@@ -210,3 +210,43 @@ def test_a_draft_step_over_more_inputs_than_compiled_max_rows_runs_eagerly(compi
     assert calls == [n - 1]
     assert m.__dict__["_compiled_step"] is not None and not m.__dict__["_compiled_step"].off
     assert torch.allclose(out[n][:, :n - 1], out[n - 1], rtol=1e-4, atol=1e-5)
+
+
+def test_the_draft_steps_a_decoding_run_takes_do_not_compile_after_warm_up(compiled):
+    """``Eagle3Model.warm_up`` compiles the variants real drafting takes: after it, a chain's one-input step over
+    a long cache and absorbing several accepted tokens (fresh tensors, as the drafter passes them) compile
+    nothing more (a warm-up that attended to a single slot through a view left a variant no real step matched:
+    0.3-1 s of compiling inside the first timed generations)."""
+    from torch._dynamo.utils import counters
+
+    from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model
+
+    c = Eagle3Config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=60, draft_vocab_size=40)
+    torch.manual_seed(0)
+    m = Eagle3Model(c).eval().requires_grad_(False)
+    m.warm_up()
+    step = m.__dict__["_compiled_step"]
+    assert step is not None and not step.off
+    compiled_before = counters["stats"]["unique_graphs"]
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for start, n in ((40, 1), (41, 1), (42, 2), (44, 5), (49, 1), (50, 3)):
+            k, v = torch.zeros(1, 2, 64, 8), torch.zeros(1, 2, 64, 8)
+            allowed = torch.ones(1, n, start + n, dtype=torch.bool)
+            m.step_logp(torch.randint(0, 60, (1, n), generator=g), torch.randn(1, n, 32, generator=g),
+                        torch.arange(start, start + n)[None], k, v, start, allowed)
+    assert counters["stats"]["unique_graphs"] == compiled_before
+    assert not step.off
+
+
+def test_standard_gives_a_new_tensor_for_a_view():
+    """A compiled function guards on a view's base: :func:`specmoe.models.compiling.standard` copies views
+    (contiguous ones included) and passes a tensor of its own through."""
+    from specmoe.models.compiling import standard
+
+    m = torch.arange(6).view(2, 3)
+    own = torch.arange(6)
+    v = standard(m[None])
+    assert v._base is None and torch.equal(v, m[None])
+    assert standard(own) is own
