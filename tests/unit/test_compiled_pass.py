@@ -250,3 +250,23 @@ def test_standard_gives_a_new_tensor_for_a_view():
     v = standard(m[None])
     assert v._base is None and torch.equal(v, m[None])
     assert standard(own) is own
+
+
+def test_deepseek_v3_keeps_the_eager_passes_and_stays_lossless_with_compiling_on(compiled, tiny_cache,
+                                                                                   agreeing_drafts):
+    """DeepSeek-V3's MLP holds shared experts beside the router and the routed experts, so no compiled pass is
+    built for it (logged); with compiling on (the default), greedy speculation still equals AR token for token,
+    with multi-token acceptance, and the EAGLE-3 draft's compiled step serves it."""
+    target = _target(tiny_cache, "deepseek_v3")
+    assert target._graph is None
+    drafter = drafters.get("eagle3")(path=str(agreeing_drafts("deepseek_v3", "eagle3")))
+    drafter.setup(target)
+    assert drafter.model.__dict__["_compiled_step"] is not None
+    prompts = random_prompts(2, [3, 17], target.vocab_size, seed=5)
+    stop = StopRule(MAX_NEW)
+    refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
+    engine = SpeculativeEngine(target, drafter, selectors.get("confidence")(), None)
+    gens = [engine.generate([p], budget=4, steps=3, top_k=2, temperature=0, stop=stop) for p in prompts]
+    assert [g.tokens[0] for g in gens] == refs
+    assert multi_token_share(gens) >= MIN_MULTI
+    assert not drafter.model.__dict__["_compiled_step"].off
