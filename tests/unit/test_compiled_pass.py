@@ -270,3 +270,44 @@ def test_deepseek_v3_keeps_the_eager_passes_and_stays_lossless_with_compiling_on
     assert [g.tokens[0] for g in gens] == refs
     assert multi_token_share(gens) >= MIN_MULTI
     assert not drafter.model.__dict__["_compiled_step"].off
+
+
+@pytest.mark.parametrize("arch", LEAN)
+def test_compiled_passes_read_changed_weights_and_compile_nothing_after_the_trial(compiled, tiny_cache, arch):
+    """The compiled pass keeps its weight list (and the experts' graph weights) between passes and reads them
+    again when they change: a replaced LM head and experts updated in place (GPT-OSS's are a de-interleaved copy)
+    give what the eager pass gives with the same change; and after the first-use trial the passes (marked
+    dynamic only while a variant may compile) compile nothing more."""
+    from torch._dynamo.utils import counters
+
+    fast, slow = _target(tiny_cache, arch), _target(tiny_cache, arch, compile_=False)
+    assert fast._graph is not None and fast._graph.state == "ready"
+    compiled_before = counters["stats"]["unique_graphs"]
+    prompt = torch.tensor([random_prompts(1, [13], fast.vocab_size, seed=5)[0]])
+
+    def passes(target):
+        kv = target.new_kv(1, capacity=32)
+        target.forward(prompt, kv, torch.arange(13)[None], capture_routing=True)
+        one = target.forward(prompt[:, -1:], kv, torch.tensor([[13]]), capture_routing=True)
+        tree = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])[None]
+        three = target.forward(prompt[:, :3], kv, torch.tensor([[14, 15, 15]]), tree, capture_routing=True)
+        return one, three
+
+    def close(a, b):
+        for x, y in zip(a, b):
+            assert float((x.logits - y.logits).abs().max()) <= 1e-4 * float(y.logits.abs().max())
+            assert torch.equal(x.routing, y.routing)
+
+    before = passes(fast)
+    close(before, passes(slow))
+    for target in (fast, slow):
+        head = target.model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(head.weight.detach() * 1.5, requires_grad=False)
+        experts = target.model.model.layers[0].mlp.experts
+        with torch.no_grad():
+            experts.down_proj.mul_(-2.0)
+    after = passes(fast)
+    close(after, passes(slow))
+    assert not torch.allclose(after[0].logits, before[0].logits), "the changed weights were read"
+    assert fast._graph.passes >= 4 and fast._graph.state == "ready"
+    assert counters["stats"]["unique_graphs"] == compiled_before

@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
-from specmoe.models.compiling import compile_fn, dynamic, enabled, failure, standard
+from specmoe.models.compiling import compile_fn, dynamic, enabled, failure, standard, structure_generation
 from specmoe.models.rope import static
 
 __all__ = ["GraphDecoder", "row_linear", "project", "RowInvariantLinear", "MAX_ROWS"]
@@ -260,6 +260,7 @@ class GraphDecoder:
         self.vocab = int(lean.model.config.vocab_size)
         self._fn = compile_fn(_decode_pass)
         self._sources = self._weight_sources()
+        self._read: tuple[int, list] | None = None  # (structure generation, :meth:`_weights`)
         self.state = "new"  # new -> ready (a batch size passed the trial) | off
         self.tried: set[int] = set()  # batch sizes whose compiled variant passed the first-use trial
         self.reason = ""
@@ -345,8 +346,14 @@ class GraphDecoder:
     def _weights(self) -> list:
         """Per layer ``(input norm, q weight, q bias, k weight, k bias, v weight, v bias, q norm, k norm, o weight,
         o bias, sinks, post-attention norm)``, then ``(embedding, final norm, head weight, head bias)``: the
-        model's own tensors, read from their modules on every pass (a replaced or updated weight is used)."""
-        return [tuple(None if m is None else getattr(m, name, None) for m, name in layer) for layer in self._sources]
+        model's own tensors (an updated weight is used), read from their modules again after any module's
+        parameters, buffers or submodules were reassigned (:func:`~specmoe.models.compiling.structure_generation`:
+        a replaced weight is used too)."""
+        gen = structure_generation()
+        if self._read is None or self._read[0] != gen:
+            self._read = (gen, [tuple(None if m is None else getattr(m, name, None) for m, name in layer)
+                                for layer in self._sources])
+        return self._read[1]
 
     def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: Any, attend: torch.Tensor,
              valid: torch.Tensor):
@@ -367,13 +374,14 @@ class GraphDecoder:
         input_ids, positions, attend, valid = (standard(t) for t in (input_ids, positions, attend, valid))
         kv_pos, kv_valid = standard(kv.pos), standard(kv.valid)
         kbufs, vbufs = [k for k, _ in bufs], [v for _, v in bufs]
-        for t in (input_ids, positions, valid, kv_pos, kv_valid):
-            dynamic(t, 1)
-        dynamic(attend, 1, 2)
-        for t in (cos, sin):
-            dynamic(t, 0)
-        for t in (*kbufs, *vbufs):
-            dynamic(t, 2)
+        if b not in self.tried:  # the trial compiles this batch size's variant; later passes match it unmarked
+            for t in (input_ids, positions, valid, kv_pos, kv_valid):
+                dynamic(t, 1)
+            dynamic(attend, 1, 2)
+            for t in (cos, sin):
+                dynamic(t, 0)
+            for t in (*kbufs, *vbufs):
+                dynamic(t, 2)
         h, states, routing, logits = self._fn(
             self.spec, input_ids, positions, cos, sin, kv_pos, kv_valid, attend, valid, kbufs, vbufs, embed,
             weights[:-1], self.routers, self._calls, [None if f is None else f.weights() for f in self.forms],

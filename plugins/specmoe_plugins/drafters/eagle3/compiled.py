@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from specmoe.models.compiling import compile_fn, dynamic, enabled, failure, standard
+from specmoe.models.compiling import compile_fn, dynamic, enabled, failure, standard, structure_generation
 from specmoe.models.graph import project
 from specmoe.models.rope import RopeTables, static
 
@@ -100,6 +100,8 @@ class CompiledStep:
         self._rope: RopeTables | None = None
         self.off = False
         self.max_rows = COMPILED_MAX_ROWS
+        self._read: tuple[int, dict] | None = None  # (structure generation, :meth:`_weights`)
+        self._compiled: set[tuple[int, bool]] = set()  # (batch, one input) of the variants compiled
 
     @classmethod
     def build(cls, model: Any) -> CompiledStep | None:
@@ -110,6 +112,14 @@ class CompiledStep:
         return cls(model)
 
     def _weights(self) -> dict:
+        """The draft's own tensors by name, read from its modules again after any module's parameters, buffers
+        or submodules were reassigned (:func:`~specmoe.models.compiling.structure_generation`)."""
+        gen = structure_generation()
+        if self._read is None or self._read[0] != gen:
+            self._read = (gen, self._read_weights())
+        return self._read[1]
+
+    def _read_weights(self) -> dict:
         m = self.model
         layer, att, mlp = m.midlayer, m.midlayer.self_attn, m.midlayer.mlp
         linears = {"q": att.q_proj, "k": att.k_proj, "v": att.v_proj, "o": att.o_proj, "gate": mlp.gate_proj,
@@ -134,16 +144,20 @@ class CompiledStep:
             self._rope = RopeTables(m.rotary, self.spec.head_dim)
         cos, sin = self._rope.table(hidden, start + n)
         tokens, hidden, positions, allowed = (standard(t) for t in (tokens, hidden, positions, allowed))
-        for t in (tokens, hidden, positions):
-            dynamic(t, 1)
-        dynamic(allowed, 1, 2)
-        for t in (cos, sin):
-            dynamic(t, 0)
-        for t in (cache_k, cache_v):
-            dynamic(t, 2)
+        key = (tokens.shape[0], n == 1)
+        if key not in self._compiled:  # a variant may compile here; later calls match it unmarked
+            for t in (tokens, hidden, positions):
+                dynamic(t, 1)
+            dynamic(allowed, 1, 2)
+            for t in (cos, sin):
+                dynamic(t, 0)
+            for t in (cache_k, cache_v):
+                dynamic(t, 2)
         try:
-            return self._fn(self.spec, self._weights(), tokens, hidden, positions, cos, sin, cache_k, cache_v,
-                            allowed)
+            out = self._fn(self.spec, self._weights(), tokens, hidden, positions, cos, sin, cache_k, cache_v,
+                           allowed)
+            self._compiled.add(key)
+            return out
         except Exception as exc:  # a compiler missing or failing on this machine: the eager step stays
             self.off = True
             logger.warning("EAGLE-3 draft step: %s; the eager step runs", failure(exc))
