@@ -3,9 +3,13 @@
 log-probabilities of every new input, in a few generated loops instead of ~130 framework operations.
 
 A draft's rounding never decides what is committed (verification does), so the step is free to take whatever
-kernels inductor picks for any number of rows. The computation is :meth:`Eagle3Model.step_into` followed by
-``log_softmax(logits)`` (tested equal to rounding); a rotary type whose tables change with the sequence, a GPU,
-``SPECMOE_COMPILE=0`` or a failure to compile keep the eager step (the failure said once in the log).
+kernels are faster for its number of rows and dtype: one input (a chain's step) takes explicit reductions, one
+generated loop per output element; several inputs in bf16 / fp16 take BLAS products inside the graph (each
+weight read once for all rows; a variant of its own); several in float32 keep the explicit reductions, which
+were faster than the graph's float32 BLAS calls there (:data:`COMPILED_MAX_ROWS`). The computation is
+:meth:`Eagle3Model.step_into` followed by ``log_softmax(logits)`` (tested equal to rounding); a rotary type
+whose tables change with the sequence, a GPU, ``SPECMOE_COMPILE=0`` or a failure to compile keep the eager
+step (the failure said once in the log).
 """
 
 from __future__ import annotations
@@ -20,15 +24,20 @@ from specmoe.models.compiling import compile_fn, dynamic, enabled, failure, stan
 from specmoe.models.graph import project
 from specmoe.models.rope import RopeTables, static
 
-__all__ = ["CompiledStep", "COMPILED_MAX_ROWS"]
+__all__ = ["CompiledStep", "COMPILED_MAX_ROWS", "COMPILED_MAX_ROWS_REDUCED"]
 
 logger = logging.getLogger(__name__)
 
-#: the most inputs (``B * N``) a compiled step takes: its products are explicit reductions, one loop per output
-#: element and row, so their cost grows with the rows, where the eager step's BLAS products read each weight once
-#: for all rows (on a 2-core Zen 4, one draft step: 1 input 0.27-0.34 ms compiled / 0.8-1.0 ms eager; 5 inputs
-#: ~1.0 / ~0.9-1.9 ms; 40 inputs 5.3-7.1 / 2.1-2.7 ms)
+#: the most inputs (``B * N``) a float32 compiled step takes: its products are explicit reductions, one loop per
+#: output element and row, so their cost grows with the rows, where the eager step's BLAS products read each
+#: weight once for all rows (demo draft, 2-core Zen 4, one thread, paired in one process: 1 input 0.27 ms
+#: compiled / 0.54 ms eager; 5 inputs 0.74 / 1.29 ms; 12 inputs 1.54 / 1.36 ms; 40 inputs 5.3 / 2.9 ms)
 COMPILED_MAX_ROWS = 6
+
+#: the same for bf16 / fp16 drafts, whose several-input variant takes BLAS products in the graph (same machine:
+#: 1 input 0.36 ms compiled / 0.91 ms eager; 5 inputs 0.65 / 0.99 ms; 40 inputs 1.43 / 2.06 ms; 200 inputs
+#: 7.5 / 8.9 ms; the explicit reductions took 1.13 ms for 5 inputs)
+COMPILED_MAX_ROWS_REDUCED = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +69,11 @@ def _step(spec: _Spec, w: dict, tokens: torch.Tensor, hidden: torch.Tensor, posi
     b, n = tokens.shape
     total = allowed.shape[-1]
     hq, hkv, d = spec.heads, spec.kv_heads, spec.head_dim
+    blas = b * n > 1 and w["q"].dtype != torch.float32  # see the module docstring
+
     def lin(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if blas:
+            return torch.nn.functional.linear(x, weight, bias)
         return project(x, weight, bias).to(x.dtype)
 
     emb = w["embed"][tokens].to(hidden.dtype)
@@ -83,7 +96,8 @@ def _step(spec: _Spec, w: dict, tokens: torch.Tensor, hidden: torch.Tensor, posi
     h = (h_norm if spec.norm_before_residual else hidden) + lin(flat, w["o"], w["o_b"])
     y = _rms(h, w["post_norm"], spec.eps)
     out = h + lin(spec.act(lin(y, w["gate"], w["gate_b"])) * lin(y, w["up"], w["up_b"]), w["down"], w["down_b"])
-    logits = project(_rms(out, w["norm"], spec.eps), w["lm_head"])
+    normed = _rms(out, w["norm"], spec.eps)
+    logits = torch.nn.functional.linear(normed, w["lm_head"]).float() if blas else project(normed, w["lm_head"])
     return out, torch.log_softmax(logits, dim=-1)
 
 
@@ -99,7 +113,7 @@ class CompiledStep:
         self._fn = compile_fn(_step)
         self._rope: RopeTables | None = None
         self.off = False
-        self.max_rows = COMPILED_MAX_ROWS
+        self.max_rows = COMPILED_MAX_ROWS if model.fc.weight.dtype == torch.float32 else COMPILED_MAX_ROWS_REDUCED
         self._read: tuple[int, dict] | None = None  # (structure generation, :meth:`_weights`)
         self._compiled: set[tuple[int, bool]] = set()  # (batch, one input) of the variants compiled
 

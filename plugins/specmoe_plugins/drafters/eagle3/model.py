@@ -451,9 +451,10 @@ class Eagle3Model(nn.Module):
         """:meth:`step_into` and the draft log-probabilities of every new input: ``(out [B, N, H],
         log-probabilities [B, N, V_draft] float32)``. Inference on a CPU runs it as one compiled function
         (:mod:`specmoe_plugins.drafters.eagle3.compiled`) where it can, for up to
-        :data:`~specmoe_plugins.drafters.eagle3.compiled.COMPILED_MAX_ROWS` inputs (``B * N``: a tree's expansion,
-        a chain's step, a short catch-up); more (a prompt, a long catch-up) take the eager step, whose BLAS products
-        read each weight once for all rows (40 inputs: ~2-3 ms against ~5-7 ms compiled on a 2-core Zen 4)."""
+        :data:`~specmoe_plugins.drafters.eagle3.compiled.COMPILED_MAX_ROWS` float32 inputs (``B * N``: a tree's
+        expansion, a chain's step, a short catch-up; more, such as a prompt, take the eager step, whose BLAS
+        products read each weight once for all rows) or
+        :data:`~specmoe_plugins.drafters.eagle3.compiled.COMPILED_MAX_ROWS_REDUCED` bf16 / fp16 inputs."""
         compiled = self.__dict__.get("_compiled_step", False)
         if compiled is False:
             from specmoe_plugins.drafters.eagle3.compiled import CompiledStep
