@@ -317,3 +317,29 @@ def test_compiled_passes_read_changed_weights_and_compile_nothing_after_the_tria
     assert not torch.allclose(after[0].logits, before[0].logits), "the changed weights were read"
     assert fast._graph.passes >= 4 and fast._graph.state == "ready"
     assert counters["stats"]["unique_graphs"] == compiled_before
+
+
+def test_a_router_hook_added_after_the_pass_was_built_runs_the_pass_eagerly(compiled, tiny_cache):
+    """Forced routing through router forward hooks (``bench expert_latency``'s ``override_routers``) added after
+    the compiled pass was traced: the graph would not see the hook, so the pass runs eagerly and routes as
+    forced; with the hooks removed the passes are compiled again."""
+    from specmoe.bench.expert_latency import forced_routing, override_routers
+
+    target = _target(tiny_cache, "gpt_oss")
+    graph = target._graph
+    assert graph is not None and graph.state == "ready"
+    kv = target.new_kv(1, capacity=40)
+    ids = torch.tensor([random_prompts(1, [12], target.vocab_size, seed=7)[0]])
+    target.forward(ids, kv, torch.arange(12)[None])
+    gen = torch.Generator().manual_seed(0)
+    forced = [forced_routing(3, target.top_k, target.top_k + 1, target.num_experts, gen) for _ in target.routers()]
+    hooks = override_routers(target.routers(), forced)
+    passes = graph.passes
+    out = target.forward(ids[:, :3], kv, torch.arange(12, 15)[None], capture_routing=True)
+    assert graph.passes == passes, "ran eagerly"
+    for layer, (index, _) in enumerate(forced):
+        assert torch.equal(out.routing[0, :, layer].sort(-1).values, index.sort(-1).values)
+    for h in hooks:
+        h.remove()
+    target.forward(ids[:, :2], kv, torch.arange(15, 17)[None], capture_routing=True)
+    assert graph.passes == passes + 1, "compiled again"

@@ -261,6 +261,7 @@ class GraphDecoder:
         self._fn = compile_fn(_decode_pass)
         self._sources = self._weight_sources()
         self._read: tuple[int, list] | None = None  # (structure generation, :meth:`_weights`)
+        self._hooks = self._hook_counts()
         self.state = "new"  # new -> ready (a batch size passed the trial) | off
         self.tried: set[int] = set()  # batch sizes whose compiled variant passed the first-use trial
         self.reason = ""
@@ -315,11 +316,24 @@ class GraphDecoder:
         per_layer = list(windows) + [None] * (len(lean.layers) - len(windows))
         return cls(lean, routers, experts, forms, per_layer)
 
+    def _hook_counts(self) -> tuple:
+        """How many forward (pre-)hooks the routers and experts modules have, and every module globally."""
+        from torch.nn.modules import module as nn_module
+
+        mods = (*self.routers, *self.experts)
+        return (tuple(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in mods),
+                len(nn_module._global_forward_hooks) + len(nn_module._global_forward_pre_hooks))
+
     def applies(self, kv: Any, rows: int, cached_attend: Any = None) -> bool:
         """Whether a pass of ``rows`` rows (batch x new tokens) into the KV state ``kv`` runs compiled: every
         layer's buffers exist and hold slots (not a prompt pass), at most :data:`MAX_ROWS` rows, no restriction
-        on the cached slots (``cached_attend``), not switched off (here or by ``SPECMOE_COMPILE=0``)."""
+        on the cached slots (``cached_attend``), not switched off (here or by ``SPECMOE_COMPILE=0``), and no
+        forward hook added to a router or experts module (or globally) since the pass was built: the compiled
+        graph does not see hooks added after it was traced (forced routing, ``bench expert_latency``'s
+        ``override_routers``, would be ignored), so such passes run eagerly, hooks and all."""
         if self.state == "off" or rows > MAX_ROWS or cached_attend is not None or not enabled():
+            return False
+        if self._hook_counts() != self._hooks:
             return False
         layers = getattr(kv.cache, "layers", None)
         return (layers is not None and len(layers) == self.spec.layers and kv.num_slots > 0
