@@ -23,6 +23,8 @@ COEF = {"fixed": 4e-3, "tokens": 3e-4, "expert_layers": 6e-5, "kv_slots": 1e-6}
 
 
 def make(**kw):
+    """goodput with the greedy choice in every plan (no exploration of an unfitted acceptance model)."""
+    kw.setdefault("explore_outcomes", 0)
     return selectors.get("goodput")(coefficients=kw.pop("coefficients", COEF), **kw)
 
 
@@ -256,3 +258,36 @@ def test_acceptance_model_knows_the_likeliest_child_by_default():
                                 t_draft=1e-3, t_pred=0.0, t_select=1e-4, tree=tree, selected=plan.selected,
                                 accepted=plan.selected & (tree.depth == 0)))
     assert [len(s.calibration()["acceptance"]["0.0"]["weights"]) for s in (five, four)] == [5, 4]
+
+
+def test_an_unfitted_acceptance_model_explores_the_likeliest_nodes_until_it_has_outcomes():
+    """``explore_outcomes``: while the acceptance model has fewer outcomes than that at the temperature, a plan
+    verifies each live row's ``gamma_max`` likeliest nodes (best first by path acceptance, ancestor-closed) and is
+    provisional, even where the greedy would verify the root alone (an under-confident draft); with the outcomes
+    in, the plan is the greedy's again."""
+    dear = {"coefficients": {"fixed": 1e-6, "tokens": 1.0, "expert_layers": 0.0}}  # a token costs a whole step
+    for seed in (1, 2, 3):
+        g = torch.Generator().manual_seed(seed)
+        tree = random_tree(2, 30, g, padding=seed == 3)
+        ex = random_sets(2, 30, 8, 32, 4, g)
+        sel = selectors.get("goodput")(**dear)
+        greedy = make(**dear).plan(tree, 6, ex)
+        assert greedy.selected.sum(dim=1).tolist() == [1, 1] and not greedy.provisional
+        plan = sel.plan(tree, 6, ex)
+        assert plan.provisional
+        for r in range(2):
+            chosen = plan.selected[r]
+            assert int(chosen.sum()) == min(6, int(tree.valid[r].sum()))
+            assert bool(is_ancestor_closed(tree.parents[r][None], chosen[None]))
+            # best first by path probability (the unfitted model's acceptance): nothing left out beats a node taken
+            # whose parent was taken
+            frontier = tree.valid[r] & ~chosen & (tree.parents[r] >= 0) & chosen[tree.parents[r].clamp(min=0)]
+            taken = chosen.clone()
+            taken[0] = False
+            assert float(tree.path_logp[r][frontier].max()) <= float(tree.path_logp[r][taken].min()) + 1e-6
+        edges = 32
+        sel.acceptance.observe(np.full(edges, -1.0), np.ones(edges), np.zeros(edges), temperature=0.0)
+        assert sel.acceptance.outcomes(0.0) == edges
+        again = sel.plan(tree, 6, ex)
+        assert not again.provisional and again.selected.sum(dim=1).tolist() == [1, 1]
+        assert int(make(**dear, gamma_max=1, explore_outcomes=32).plan(tree, 6, ex).selected.sum()) == 2

@@ -183,6 +183,11 @@ class AcceptanceModel:
         """Temperature keys with outcomes or fitted weights."""
         return sorted(set(self._win) | set(self.weights))
 
+    def outcomes(self, temperature: float) -> int:
+        """Edge outcomes in the window at ``temperature`` (what the current fit rests on)."""
+        win = self._win.get(temperature_key(temperature))
+        return 0 if win is None else int(win.n)
+
     def weights_for(self, temperature: float) -> np.ndarray:
         """``[4]`` (bias, logit q, depth, log share) weights used at ``temperature``."""
         return self.weights.get(temperature_key(temperature), self.prior)

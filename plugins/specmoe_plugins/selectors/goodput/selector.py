@@ -101,6 +101,15 @@ class GoodputSelector(AdaptiveSelector):
         exploration, so the acceptance model keeps seeing outcomes while the rate says drafts do not pay
         (otherwise an under-confident draft is never verified and never found to be good). The plan's rate
         and the AR floor's decision remain those of the greedy choice."""
+        explore_outcomes: int = 32
+        """until the acceptance model has this many edge outcomes at the step's temperature, each speculative
+        step verifies each row's likeliest nodes up to ``gamma_max`` (best first by the model's path acceptance,
+        cost aside) and its plan is provisional (the AR floor neither decides nor charges on it). Why: an unfitted
+        model takes the draft's probabilities at face value, and an under-confident draft (the demo's EAGLE-3:
+        top-1 probability ~0.3 where ~0.85 is accepted) then plans the root alone or one draft, the floor never
+        speculates, and no outcome ever corrects the model (``bench peer``, batch 1: 99-100 % of the steps on the
+        floor where a chain of 5 drafts ran 1.09x faster than ``ar``). It costs a few steps once per engine and
+        temperature (~7 steps of 5 drafts; a draft that is never accepted gives one outcome per step). 0: off."""
         floor_tolerance: float = 0.01
         """share of the decoding time failed probes may cost: a failed probe is followed by at least
         ``loss / floor_tolerance`` AR steps (0: the back-off alone)."""
@@ -226,6 +235,9 @@ class GoodputSelector(AdaptiveSelector):
             rate, t_verify = price.a / price.t, price.t - t_fixed
         if cfg.explore and gmax >= 2:
             self._explore(sel, parents, valid, live, acc)
+        if gmax >= 2 and self.acceptance.outcomes(ctx.temperature) < cfg.explore_outcomes:
+            self._likeliest(sel, parents, valid, live, acc, gmax)
+            provisional = True
         flat = sel.reshape(-1).copy()
         flat[np.arange(b) * n] = False
         exp_tokens = live + np.bincount(np.flatnonzero(flat) // n, acc[flat], minlength=b)
@@ -259,6 +271,20 @@ class GoodputSelector(AdaptiveSelector):
         if lone.any():
             best = np.where(kids, acc.reshape(sel.shape), -1.0).argmax(axis=1)
             sel[np.flatnonzero(lone), best[lone]] = True
+
+    @staticmethod
+    def _likeliest(sel: np.ndarray, parents: np.ndarray, valid: np.ndarray, live: np.ndarray, acc: np.ndarray,
+                   gmax: int) -> None:
+        """``explore_outcomes``: grow each live row's selection (in place, ancestor-closed) to ``gmax`` nodes, each
+        time the frontier node of the highest path acceptance."""
+        b, n = sel.shape
+        values = acc.reshape(b, n)
+        for r in np.flatnonzero(live):
+            while sel[r].sum() < gmax:
+                frontier = valid[r] & ~sel[r] & (parents[r] >= 0) & sel[r][np.maximum(parents[r], 0)]
+                if not frontier.any():
+                    break
+                sel[r, int(np.where(frontier, values[r], -1.0).argmax())] = True
 
     # ---------------------------------------------------------------- feedback
     def observe(self, outcome: StepOutcome) -> None:
