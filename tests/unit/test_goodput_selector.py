@@ -291,3 +291,17 @@ def test_an_unfitted_acceptance_model_explores_the_likeliest_nodes_until_it_has_
         again = sel.plan(tree, 6, ex)
         assert not again.provisional and again.selected.sum(dim=1).tolist() == [1, 1]
         assert int(make(**dear, gamma_max=1, explore_outcomes=32).plan(tree, 6, ex).selected.sum()) == 2
+
+
+def test_exploring_an_unfitted_acceptance_model_is_bounded_in_steps():
+    """With no outcome ever observed (a draft never accepted gives few), exploration stops after
+    ``ceil(explore_outcomes / (gamma_max - 1))`` plans per temperature; another temperature explores on its own."""
+    dear = {"coefficients": {"fixed": 1e-6, "tokens": 1.0, "expert_layers": 0.0}}
+    g = torch.Generator().manual_seed(5)
+    tree = random_tree(1, 30, g, padding=False)
+    ex = random_sets(1, 30, 8, 32, 4, g)
+    sel = selectors.get("goodput")(**dear, explore_outcomes=10, gamma_max=5)  # ceil(10 / 4) = 3 plans
+    explored = [sel.plan(tree, 6, ex).provisional for _ in range(5)]
+    assert explored == [True, True, True, False, False]
+    hot = SelectionContext(temperature=1.0)
+    assert sel.plan(tree, 6, ex, context=hot).provisional and int(sel.plan(tree, 6, ex).selected.sum()) == 1

@@ -39,7 +39,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from specmoe.decoding.acceptance_model import AcceptanceModel
+from specmoe.decoding.acceptance_model import AcceptanceModel, temperature_key
 from specmoe.decoding.bitsets import pack_sets, popcount_rows
 from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar
 from specmoe.errors import UserError
@@ -108,8 +108,11 @@ class GoodputSelector(AdaptiveSelector):
         model takes the draft's probabilities at face value, and an under-confident draft (the demo's EAGLE-3:
         top-1 probability ~0.3 where ~0.85 is accepted) then plans the root alone or one draft, the floor never
         speculates, and no outcome ever corrects the model (``bench peer``, batch 1: 99-100 % of the steps on the
-        floor where a chain of 5 drafts ran 1.09x faster than ``ar``). It costs a few steps once per engine and
-        temperature (~7 steps of 5 drafts; a draft that is never accepted gives one outcome per step). 0: off."""
+        floor where a chain of 5 drafts ran 1.09x faster than ``ar``). Bounded in steps: at most
+        ``ceil(explore_outcomes / (gamma_max - 1))`` exploring steps per engine and temperature (8 at γ 5), i.e.
+        about ``explore_outcomes`` verified drafts, however few of them are accepted (a draft that is never
+        accepted gives one outcome per step; at T = 1, where every fixed γ can lose 2-3x, the bound is what keeps
+        the cost small). 0: off."""
         floor_tolerance: float = 0.01
         """share of the decoding time failed probes may cost: a failed probe is followed by at least
         ``loss / floor_tolerance`` AR steps (0: the back-off alone)."""
@@ -137,6 +140,7 @@ class GoodputSelector(AdaptiveSelector):
         self._unions: dict[int, deque[float]] = {}  # tokens per pass -> observed expert-layers
         self._last_select = 0.0
         self._absorbed: deque[int] = deque(maxlen=64)  # longest accepted path per speculative step
+        self._explored: dict[float, int] = {}  # temperature key -> exploring plans (``explore_outcomes``)
 
     # ---------------------------------------------------------------- pricing helpers
     def expected_expert_layers(self, tokens: int) -> float:
@@ -235,7 +239,10 @@ class GoodputSelector(AdaptiveSelector):
             rate, t_verify = price.a / price.t, price.t - t_fixed
         if cfg.explore and gmax >= 2:
             self._explore(sel, parents, valid, live, acc)
-        if gmax >= 2 and self.acceptance.outcomes(ctx.temperature) < cfg.explore_outcomes:
+        key = temperature_key(ctx.temperature)
+        if (gmax >= 2 and self.acceptance.outcomes(ctx.temperature) < cfg.explore_outcomes
+                and self._explored.get(key, 0) < -(-cfg.explore_outcomes // (gmax - 1))):
+            self._explored[key] = self._explored.get(key, 0) + 1
             self._likeliest(sel, parents, valid, live, acc, gmax)
             provisional = True
         flat = sel.reshape(-1).copy()
