@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from specmoe.interfaces.verifier import GraphExperts
+from specmoe.kernels import row_kernels
 from specmoe.kernels.layout import ACT_SILU, ACT_SWIGLU_OAI, ExpertsLayout, apply_gate, experts_layout
 from specmoe.models import linear
 
@@ -443,6 +444,10 @@ class _GraphLayout:
     swiglu_oai: bool
     alpha: float
     limit: float
+    kernel: bool = False
+    """the slots' products by :mod:`specmoe.kernels.row_kernels` (input-major weights, :func:`_kernel_weights`)"""
+    interleaved: bool = False
+    """(kernel) gate and up outputs alternate in ``gate_up``'s columns, as GPT-OSS stores them"""
 
 
 _GRAPH_WEIGHTS: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
@@ -474,6 +479,28 @@ def _graph_weights(module: Any, layout: ExpertsLayout) -> tuple:
     return out
 
 
+_KERNEL_WEIGHTS: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _kernel_weights(module: Any, layout: ExpertsLayout) -> tuple:
+    """``(gate_up [E, H, 2I], gate_up_bias [E, 2I] | None, down [E, I, H], down_bias [E, H] | None)`` input-major
+    and contiguous, gate / up columns as the module orders them, for :func:`row_kernels.row_experts`: the
+    module's own tensors where they are stored so (GPT-OSS in float32), else a copy kept beside them (read again
+    when a weight changes, as :func:`_graph_weights`)."""
+    stamp = _stamp(module)
+    cached = _KERNEL_WEIGHTS.get(module)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    gu, dn = module.gate_up_proj.detach(), module.down_proj.detach()
+    if not layout.transposed:  # [E, out, in] -> [E, in, out]
+        gu, dn = gu.transpose(1, 2), dn.transpose(1, 2)
+    biases = [module.gate_up_proj_bias.detach().contiguous(), module.down_proj_bias.detach().contiguous()] \
+        if layout.has_bias else [None, None]
+    out = (gu.contiguous(), biases[0], dn.contiguous(), biases[1])
+    _KERNEL_WEIGHTS[module] = (stamp, out)
+    return out
+
+
 def _graph_forward(cfg: _GraphLayout, weights: tuple, hidden: torch.Tensor, top_k_index: torch.Tensor,
                    top_k_weights: torch.Tensor) -> torch.Tensor:
     """:func:`union_experts_forward` as a pure function of tensors (the graph form, see :func:`graph_experts`):
@@ -492,6 +519,10 @@ def _graph_forward(cfg: _GraphLayout, weights: tuple, hidden: torch.Tensor, top_
     order = flat.argsort(stable=True)
     e = flat[order]
     x = hidden.to(dtype).float()[order // k]  # [T * K, H]: each slot's token (a gather: no layout decision)
+    if cfg.kernel:
+        y = torch.ops.specmoe.row_experts(x, e, gu, b_gu, dn, b_d, cfg.intermediate, cfg.interleaved,
+                                           cfg.swiglu_oai, cfg.alpha, cfg.limit)
+        return _graph_combine(y, top_k_index, top_k_weights, order, hidden.dtype)
     h = (x[:, None, :] * gu[e].float()).sum(-1)
     if b_gu is not None:
         h = h + b_gu[e].float()
@@ -506,14 +537,22 @@ def _graph_forward(cfg: _GraphLayout, weights: tuple, hidden: torch.Tensor, top_
     y = (a[:, None, :] * dn[e].float()).sum(-1)
     if b_d is not None:
         y = y + b_d[e].float()
-    y = y.to(dtype).float() * top_k_weights.reshape(-1)[order].float()[:, None]
+    return _graph_combine(y.to(dtype).float(), top_k_index, top_k_weights, order, hidden.dtype)
+
+
+def _graph_combine(y: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, order: torch.Tensor,
+             dtype: torch.dtype) -> torch.Tensor:
+    """The slots' expert outputs ``y [T * K, H]`` (float32, slots in ``order``) scaled by their routing weights
+    in float32 and added per token in ascending expert id -> ``[T, H]`` in ``dtype``."""
+    t, k = top_k_index.shape
+    y = y * top_k_weights.reshape(-1)[order].float()[:, None]
     # back to (token, slot), each token's slots in ascending expert id
     where = torch.empty_like(order).scatter_(0, order, torch.arange(t * k, device=order.device))
     y = y[where.view(t, k).gather(1, top_k_index.argsort(dim=1, stable=True))]  # [T, K, H]
     acc = y[:, 0]
     for j in range(1, k):
         acc = acc + y[:, j]
-    return acc.to(hidden.dtype)
+    return acc.to(dtype)
 
 
 def graph_experts(module: Any) -> GraphExperts | None:
@@ -526,7 +565,8 @@ def graph_experts(module: Any) -> GraphExperts | None:
     if (w.device.type != "cpu" or w.requires_grad or module.down_proj.requires_grad
             or layout.activation not in (ACT_SWIGLU_OAI, ACT_SILU)):
         return None
+    kernel = w.dtype in row_kernels.DTYPES and row_kernels.available()
     cfg = _GraphLayout(intermediate=layout.intermediate, swiglu_oai=layout.activation == ACT_SWIGLU_OAI,
-                       alpha=layout.alpha, limit=layout.limit)
+                       alpha=layout.alpha, limit=layout.limit, kernel=kernel, interleaved=layout.interleaved)
     return GraphExperts(forward=functools.partial(_graph_forward, cfg),
-                        weights=functools.partial(_graph_weights, module, layout))
+                        weights=functools.partial(_kernel_weights if kernel else _graph_weights, module, layout))

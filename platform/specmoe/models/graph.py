@@ -42,6 +42,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
+from specmoe.kernels import row_kernels
 from specmoe.models.compiling import compile_fn, dynamic, enabled, failure, standard, structure_generation
 from specmoe.models.rope import static
 
@@ -137,19 +138,24 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 
 
 def _attention(spec: _Spec, x: torch.Tensor, w: Sequence[Any], cos: torch.Tensor, sin: torch.Tensor,
-               kbuf: torch.Tensor, vbuf: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+               kbuf: torch.Tensor, vbuf: torch.Tensor, mask: torch.Tensor, lin: tuple | None) -> torch.Tensor:
     """One attention layer of ``x [B, N, H]`` (normalized), ``mask [B, 1, N, S + N]`` additive over the ``S``
     cached slots and the new ones, ``cos, sin [B, N, D]``: writes the new keys / values at slots ``S .. S + N``
     of ``kbuf, vbuf [B, H_kv, C, D]``, attends over ``0 .. S + N`` and returns the output projection
-    ``[B, N, H]`` in ``x``'s dtype."""
+    ``[B, N, H]`` in ``x``'s dtype. ``lin``: the layer's :meth:`GraphDecoder._row_weights` (the projections by
+    :func:`specmoe.kernels.row_kernels.row_linear`), or ``None`` (explicit reductions)."""
     _, q_w, q_b, k_w, k_b, v_w, v_b, q_norm, k_norm, o_w, o_b, sinks, _ = w
     b, n, hidden = x.shape
     total = mask.shape[-1]
     d, hq, hkv = spec.head_dim, spec.heads, spec.kv_heads
     rep = hq // hkv
-    q = project(x, q_w.view(hq, d, hidden), None if q_b is None else q_b.view(hq, d)).to(x.dtype)
-    k = project(x, k_w.view(hkv, d, hidden), None if k_b is None else k_b.view(hkv, d)).to(x.dtype)
-    v = project(x, v_w.view(hkv, d, hidden), None if v_b is None else v_b.view(hkv, d)).to(x.dtype)
+    if lin is not None:
+        qkv = torch.ops.specmoe.row_linear(x.float().flatten(0, 1), lin[0], lin[1]).to(x.dtype)
+        q, k, v = (t.view(b, n, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    else:
+        q = project(x, q_w.view(hq, d, hidden), None if q_b is None else q_b.view(hq, d)).to(x.dtype)
+        k = project(x, k_w.view(hkv, d, hidden), None if k_b is None else k_b.view(hkv, d)).to(x.dtype)
+        v = project(x, v_w.view(hkv, d, hidden), None if v_b is None else v_b.view(hkv, d)).to(x.dtype)
     if spec.qk_norm:
         q, k = _rms(q, q_norm, spec.eps), _rms(k, k_norm, spec.eps)
     cos, sin = cos[:, :, None], sin[:, :, None]
@@ -171,6 +177,9 @@ def _attention(spec: _Spec, x: torch.Tensor, w: Sequence[Any], cos: torch.Tensor
     if not spec.attn_float:  # the model's dtype, as its eager attention rounds the probabilities
         probs = probs.to(x.dtype).float()
     out = (probs[..., None] * values[:, None, :, None]).sum(-2).to(x.dtype)  # [B, N, H_kv, rep, D]
+    if lin is not None:
+        return torch.ops.specmoe.row_linear(out.float().reshape(b * n, hq * d), lin[2], lin[3]).view(
+            b, n, hidden).to(x.dtype)
     y = (out.float()[:, :, None] * o_w.view(hidden, hkv, rep, d).float()).sum((-3, -2, -1))
     return (y if o_b is None else y + o_b.float()).to(x.dtype)
 
@@ -179,12 +188,13 @@ def _decode_pass(spec: _Spec, ids: torch.Tensor, positions: torch.Tensor, cos_ta
                  sin_table: torch.Tensor, kv_pos: torch.Tensor, kv_valid: torch.Tensor, attend: torch.Tensor,
                  valid: torch.Tensor, kbufs: list, vbufs: list, embed: torch.Tensor, layers: list, routers: list,
                  experts: list, experts_weights: list, final_norm: torch.Tensor, head: torch.Tensor,
-                 head_bias: torch.Tensor | None):
+                 head_bias: torch.Tensor | None, row_weights: list | None):
     """The whole pass (see the module docstring) over ``ids [B, N]`` at ``positions [B, N]`` (``attend
     [B, N, N]``, ``valid [B, N]`` as :meth:`~specmoe.interfaces.target.Target.forward` takes them) after the
     cached slots at ``kv_pos, kv_valid [B, S]`` -> ``(final hidden [B, N, H], hidden states (embeddings, each
     layer's output but the last, the final normalized state), routing [L, B * N, K], float32 logits
-    [V, B, N])`` (the logits vocabulary-major: each LM-head row is read once for every token)."""
+    [V, B, N])`` (the logits vocabulary-major: each LM-head row is read once for every token). ``row_weights``:
+    :meth:`GraphDecoder._row_weights` (dense products by the row kernels), or ``None``."""
     from specmoe.interfaces.kv import tree_masks
 
     b, n = ids.shape
@@ -196,7 +206,8 @@ def _decode_pass(spec: _Spec, ids: torch.Tensor, positions: torch.Tensor, cos_ta
     for i in range(spec.layers):
         w = layers[i]
         mask = masks[spec.layer_window[i]]
-        h = h + _attention(spec, _rms(h, w[0], spec.eps), w, cos, sin, kbufs[i], vbufs[i], mask)
+        h = h + _attention(spec, _rms(h, w[0], spec.eps), w, cos, sin, kbufs[i], vbufs[i], mask,
+                           None if row_weights is None else row_weights[i])
         x = _rms(h, w[12], spec.eps).flatten(0, 1)
         with RowInvariantLinear():
             _, scores, index = routers[i](x)
@@ -210,21 +221,27 @@ def _decode_pass(spec: _Spec, ids: torch.Tensor, positions: torch.Tensor, cos_ta
             states.append(h)
     h = _rms(h, final_norm, spec.eps)
     states.append(h)
-    logits = (h.float()[None] * head.float()[:, None, None, :]).sum(-1)  # [V, B, N]
-    if head_bias is not None:
-        logits = logits + head_bias.float()[:, None, None]
+    if row_weights is not None:
+        head_t, head_b = row_weights[-1]
+        logits = torch.ops.specmoe.row_linear(h.float().flatten(0, 1), head_t, head_b).t().unflatten(1, (b, n))
+    else:
+        logits = (h.float()[None] * head.float()[:, None, None, :]).sum(-1)  # [V, B, N]
+        if head_bias is not None:
+            logits = logits + head_bias.float()[:, None, None]
     return h, states, torch.stack(routing), logits
 
 
 def _two_rows(ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor, valid: torch.Tensor):
-    """A one-token pass as a two-token one: the token again as a second row that sees what the first sees and
-    itself, and that the first does not see (its key / value slot lies past the pass's, overwritten by the
-    next one). A compiled size of one would be a constant and its own variant, with loops of its own; from two
-    tokens on, every pass (the autoregressive step included) runs the same generated code."""
+    """A one-token pass as a two-token one: the token again as a second row that sees exactly what the first
+    sees (the cache and the first row's slot, never its own, which the first does not see either: it lies past
+    the pass's, overwritten by the next one), so it computes the first row's values bit for bit and the row
+    kernels compute them once (:mod:`specmoe.kernels.row_kernels`). A compiled size of one would be a constant
+    and its own variant, with loops of its own; from two tokens on, every pass (the autoregressive step
+    included) runs the same generated code."""
     b = ids.shape[0]
     pair = torch.zeros(b, 2, 2, dtype=torch.bool, device=attend.device)
     pair[:, 0, 0] = attend[:, 0, 0]
-    pair[:, 1, 1] = True
+    pair[:, 1, 0] = attend[:, 0, 0]
     return (torch.cat([ids, ids], dim=1), torch.cat([positions, positions], dim=1), pair,
             torch.cat([valid, valid], dim=1))
 
@@ -261,6 +278,8 @@ class GraphDecoder:
         self._fn = compile_fn(_decode_pass)
         self._sources = self._weight_sources()
         self._read: tuple[int, list] | None = None  # (structure generation, :meth:`_weights`)
+        self.row = lean.embed.weight.dtype in row_kernels.DTYPES and row_kernels.available()
+        self._row_read: tuple[tuple, list] | None = None  # (the sources' stamps, :meth:`_row_weights`)
         self._hooks = self._hook_counts()
         self.state = "new"  # new -> ready (a batch size passed the trial) | off
         self.tried: set[int] = set()  # batch sizes whose compiled variant passed the first-use trial
@@ -369,6 +388,36 @@ class GraphDecoder:
                                 for layer in self._sources])
         return self._read[1]
 
+    def _row_weights(self, weights: list) -> list | None:
+        """Input-major copies for :func:`~specmoe.kernels.row_kernels.row_linear` (``None`` where the row kernels
+        are not used): per layer ``(q|k|v weight [H, (heads + 2 kv heads) * D], its bias or None, o weight
+        [heads * D, H], o bias or None)``, then ``(head weight [H, V], head bias or None)``; made again when a
+        source tensor changes (storage or version counter: an in-place update is seen)."""
+        if not self.row:
+            return None
+        sources = [t for layer in weights[:-1] for t in (layer[1], layer[2], layer[3], layer[4], layer[5], layer[6],
+                                                         layer[9], layer[10])] + [weights[-1][2], weights[-1][3]]
+        stamp = tuple((t.data_ptr(), t._version) if t is not None else None for t in sources)
+        if self._row_read is not None and self._row_read[0] == stamp:
+            return self._row_read[1]
+
+        def cat_bias(*pairs):
+            if all(b is None for _, b in pairs):
+                return None
+            return torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs])
+
+        out = []
+        with torch.no_grad():
+            for layer in weights[:-1]:
+                q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b = (layer[j] for j in (1, 2, 3, 4, 5, 6, 9, 10))
+                qkv_t = torch.cat([q_w.detach(), k_w.detach(), v_w.detach()]).t().contiguous()
+                out.append((qkv_t, cat_bias((q_w, q_b), (k_w, k_b), (v_w, v_b)), o_w.detach().t().contiguous(),
+                            None if o_b is None else o_b.detach().contiguous()))
+            head_w, head_b = weights[-1][2], weights[-1][3]
+            out.append((head_w.detach().t().contiguous(), None if head_b is None else head_b.detach().contiguous()))
+        self._row_read = (stamp, out)
+        return out
+
     def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: Any, attend: torch.Tensor,
              valid: torch.Tensor):
         """The compiled pass over ``N`` new tokens (a one-token pass runs as two: :func:`_two_rows`) ->
@@ -399,7 +448,7 @@ class GraphDecoder:
         h, states, routing, logits = self._fn(
             self.spec, input_ids, positions, cos, sin, kv_pos, kv_valid, attend, valid, kbufs, vbufs, embed,
             weights[:-1], self.routers, self._calls, [None if f is None else f.weights() for f in self.forms],
-            final_norm, head_w, head_b)
+            final_norm, head_w, head_b, self._row_weights(weights))
         for layer in layers:
             layer.advance(n)
         routing = routing.view(self.spec.layers, b, rows, routing.shape[-1]).permute(1, 2, 0, 3)

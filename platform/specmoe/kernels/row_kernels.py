@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Row-invariant products on CPUs for the compiled decoding pass (``row_kernels.cpp``).
+
+The compiled decoding pass (:mod:`specmoe.models.graph`) must give a row the same result whatever the number of
+rows beside it: a verification pass must round as the autoregressive step does, or speculation is not lossless.
+Its generated loops reduce every output element of every row on its own, so each weight is loaded and converted
+once per row and each output ends in a horizontal sum; a 6-token verification pass of the demo target cost ~2.3x a
+one-token step where its weight reads are ~1.5x. These kernels take **input-major** weights (``w [K, N]``: a row
+of outputs per input element) and compute each output as a plain running sum over the inputs in order, in vector
+lanes over the outputs, so an output's operations are the same whichever block, vector width or row count
+computes it, and each weight row is loaded (in bf16: converted) once for a block of up to four rows. A row whose
+input equals the previous row's bit for bit (the autoregressive step runs as two identical rows) takes that row's
+result instead of computing it again.
+
+* :func:`row_experts` (``specmoe::row_experts``): each (token, expert) slot's expert MLP, slots sorted by expert,
+  the union's weights read once per pass (:func:`specmoe.kernels.union_torch.graph_experts`);
+* :func:`row_linear` (``specmoe::row_linear``): a dense product (the attention's projections, the LM head).
+
+Built through inductor's code cache (:class:`torch._inductor.codecache.CppCodeCache`: the compiler and flags of
+inductor's own CPU kernels, ``-ffp-contract=off`` among them, so every multiply and add rounds on its own; its
+on-disk cache) at the first :func:`available` call in a process. Where it cannot be built (no C++ compiler), or
+with ``SPECMOE_ROW_KERNELS=0``, :func:`available` is false and the compiled pass keeps its generated loops.
+Measured: README, "The compiled decoding pass".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["available", "row_experts", "row_linear", "DTYPES"]
+
+logger = logging.getLogger(__name__)
+
+#: weight dtypes the kernels read
+DTYPES = (torch.float32, torch.bfloat16)
+
+_SOURCE = Path(__file__).with_name("row_kernels.cpp")
+#: the loaded functions ({"experts": ..., "linear": ...}), empty where not built; filled at the first available()
+_FN: dict = {}
+_TRIED: list = []
+
+
+def _load() -> dict:
+    from torch._inductor.codecache import CppCodeCache
+
+    lib = CppCodeCache.load(_SOURCE.read_text())
+    p, i64, f32, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    experts = lib.specmoe_slot_experts
+    experts.argtypes = [p, p, i64, p, p, p, p, i64, i64, c_int, c_int, c_int, f32, f32, p, p, p, p]
+    experts.restype = None
+    linear = lib.specmoe_linear
+    linear.argtypes = [p, i64, p, p, i64, i64, c_int, p, p]
+    linear.restype = None
+    return {"experts": experts, "linear": linear}
+
+
+def available() -> bool:
+    """Whether the kernels are built and loaded in this process (built at the first call;
+    ``SPECMOE_ROW_KERNELS=0`` keeps the compiled pass's generated loops)."""
+    if os.environ.get("SPECMOE_ROW_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if not _TRIED:
+        _TRIED.append(True)
+        try:
+            _FN.update(_load())
+        except Exception as exc:  # no compiler, a failed build: the generated loops run instead
+            logger.warning("specmoe: the row-invariant CPU kernels could not be built (%s: %s); the compiled "
+                           "decoding pass keeps its generated loops", type(exc).__name__, exc)
+    return bool(_FN)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _bf16(w: torch.Tensor) -> int:
+    return int(w.dtype == torch.bfloat16)
+
+
+@torch.library.custom_op("specmoe::row_experts", mutates_args=())
+def row_experts(x: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor, gate_up_bias: torch.Tensor | None,
+                down: torch.Tensor, down_bias: torch.Tensor | None, intermediate: int, interleaved: bool,
+                swiglu_oai: bool, alpha: float, limit: float) -> torch.Tensor:
+    """Each slot's expert MLP: ``x [S, H]`` float32 (the slot's token in the weights' precision), ``experts [S]``
+    int64 ascending, input-major weights ``gate_up [E, H, 2I]`` (``interleaved``: gate and up outputs alternate,
+    GPT-OSS's layout; else gate outputs first), ``gate_up_bias [E, 2I]`` or ``None``, ``down [E, I, H]``,
+    ``down_bias [E, H]`` or ``None`` (float32 or bfloat16, contiguous) -> float32 ``[S, H]``, each projection
+    rounded to the weights' dtype as the model's own loop rounds it. ``swiglu_oai``: GPT-OSS's clamped gate
+    (``alpha``, ``limit``); else SiLU(gate) * up. Only after :func:`available`."""
+    s, h = x.shape
+    x, experts = x.contiguous(), experts.contiguous()
+    y = torch.empty(s, h, dtype=torch.float32)
+    hbuf = torch.empty(s, 2 * intermediate, dtype=torch.float32)
+    abuf = torch.empty(s, intermediate, dtype=torch.float32)
+    slots = torch.empty(s, dtype=torch.int64)
+    _FN["experts"](x.data_ptr(), experts.data_ptr(), s, gate_up.data_ptr(), _ptr(gate_up_bias), down.data_ptr(),
+                   _ptr(down_bias), h, intermediate, _bf16(gate_up), int(interleaved), int(swiglu_oai), alpha,
+                   limit, y.data_ptr(), hbuf.data_ptr(), abuf.data_ptr(), slots.data_ptr())
+    return y
+
+
+@row_experts.register_fake
+def _(x, experts, gate_up, gate_up_bias, down, down_bias, intermediate, interleaved, swiglu_oai, alpha, limit):
+    return x.new_empty(x.shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("specmoe::row_linear", mutates_args=())
+def row_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x [M, K]`` float32 (in the weights' precision) times the input-major ``weight_t [K, N]`` (+ ``bias
+    [N]``; float32 or bfloat16, contiguous) -> float32 ``[M, N]``, unrounded. Only after :func:`available`."""
+    m, k = x.shape
+    n = weight_t.shape[1]
+    x = x.contiguous()
+    y = torch.empty(m, n, dtype=torch.float32)
+    slots = torch.empty(m, dtype=torch.int64)
+    _FN["linear"](x.data_ptr(), m, weight_t.data_ptr(), _ptr(bias), k, n, _bf16(weight_t), y.data_ptr(),
+                  slots.data_ptr())
+    return y
+
+
+@row_linear.register_fake
+def _(x, weight_t, bias):
+    return x.new_empty((x.shape[0], weight_t.shape[1]), dtype=torch.float32)
