@@ -49,7 +49,7 @@ def test_bf16_linear_layers_take_packed_weights_and_repack_when_they_change():
             assert (out.double() - gold).abs().max() <= 2 * (ref.double() - gold).abs().max() + 1e-6
         stamp, packed = layer.__dict__["_specmoe_packed"]
         # packed where oneDNN runs bf16 (AVX-512 / AMX); an AVX2-only CPU keeps F.linear (same numbers checked above)
-        assert (packed is not None) == linear._onednn_bf16()
+        assert (packed is not None) == linear.onednn_bf16()
         assert stamp[:2] == (layer.weight.data_ptr(), layer.weight._version)
         with torch.no_grad():
             layer.weight.mul_(-2.0)  # the next pass must see the new weight

@@ -187,7 +187,8 @@ def test_compiled_draft_step_computes_the_eager_step(compiled, monkeypatch, dtyp
 
 
 def test_a_draft_step_over_more_inputs_than_compiled_max_rows_runs_eagerly(compiled, monkeypatch):
-    """A prompt's or a long catch-up's draft step (``B * N`` above ``COMPILED_MAX_ROWS``) takes the eager step
+    """A prompt's or a long catch-up's draft step (``B * N`` above the compiled step's ``max_rows``:
+    ``ROW_KERNEL_ROWS`` with the row kernels, else ``COMPILED_MAX_ROWS`` in float32) takes the eager step
     (BLAS products read each weight once for all rows); up to it the compiled step runs; both give the same
     log-probabilities to rounding."""
     from specmoe_plugins.drafters.eagle3 import compiled as compiled_mod
@@ -203,14 +204,16 @@ def test_a_draft_step_over_more_inputs_than_compiled_max_rows_runs_eagerly(compi
     real = compiled_mod.CompiledStep.__call__
     monkeypatch.setattr(compiled_mod.CompiledStep, "__call__",
                         lambda self, tokens, *a: calls.append(tokens.numel()) or real(self, tokens, *a))
-    n = compiled_mod.COMPILED_MAX_ROWS + 1
+    step = compiled_mod.CompiledStep.build(m)
+    assert step.max_rows == (compiled_mod.ROW_KERNEL_ROWS if step.row else compiled_mod.COMPILED_MAX_ROWS)
+    n = step.max_rows + 1
     g = torch.Generator().manual_seed(2)
     tokens, hidden = torch.randint(0, 60, (1, n), generator=g), torch.randn(1, n, 32, generator=g)
     allowed = torch.ones(n, n, dtype=torch.bool).tril()[None]
     with torch.no_grad():
         out = {}
-        for rows in (n, n - 1):  # the first runs eagerly, the second (COMPILED_MAX_ROWS inputs) compiled
-            k, v = torch.zeros(1, 2, 16, 8), torch.zeros(1, 2, 16, 8)
+        for rows in (n, n - 1):  # the first runs eagerly, the second (max_rows inputs) compiled
+            k, v = torch.zeros(1, 2, n + 1, 8), torch.zeros(1, 2, n + 1, 8)
             out[rows] = m.step_logp(tokens[:, :rows], hidden[:, :rows], torch.arange(rows)[None], k, v, 0,
                                     allowed[:, :rows, :rows])[1]
     assert calls == [n - 1]

@@ -15,10 +15,12 @@ and at the end the final norm and the LM head of every row. Measured on the demo
 decoding pass".
 
 Row invariance (what keeps speculation lossless): an autoregressive step and a verification pass must give a
-row the same result. Every product is an explicit reduction (:func:`row_linear` / :func:`project`, the
-attention's two products, the experts' per-slot products), which inductor generates as one loop per output
-element, the same for any number of rows; nothing goes to a BLAS whose kernel (and summation order) follows the
-row count. A compiled size of one would be a constant with its own generated code, so a one-token pass runs as
+row the same result. Every product is either an explicit reduction (:func:`row_linear` / :func:`project`, the
+attention's two products, the router), which inductor generates as one loop per output element, the same for any
+number of rows, or a row-invariant kernel of :mod:`specmoe.kernels.row_kernels` (in float32 and bf16 where it
+builds: the q|k|v, output and LM-head products and the experts, each output a running sum over the inputs in
+order, whatever rows share the call); nothing goes to a BLAS whose kernel (and summation order) follows the row
+count. A compiled size of one would be a constant with its own generated code, so a one-token pass runs as
 two tokens (:func:`_two_rows`); the sinks come first in the attention's softmax, so every slot keeps its lane in
 the vectorised sums whatever the number of slots. A trial at first use (:meth:`GraphDecoder._trial`) checks on
 the machine that each row of a multi-row pass equals the same row computed alone; where it does not, or where

@@ -52,7 +52,7 @@ import torch
 
 __all__ = ["shared_pass", "in_shared_pass", "linear", "install", "ROWS",
            "single_row_reduced", "single_row_mm", "reduced_cpu", "FusedLinear",
-           "FP32_COPY_MAX", "FP32_PACK_MIN", "PACK_ROWS", "packed_linear", "packed_row_invariant"]
+           "FP32_COPY_MAX", "FP32_PACK_MIN", "PACK_ROWS", "packed_linear", "packed_row_invariant", "onednn_bf16"]
 
 _SHARED = [0]
 
@@ -125,7 +125,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 @functools.lru_cache(maxsize=1)
-def _onednn_bf16() -> bool:
+def onednn_bf16() -> bool:
     """Whether oneDNN runs bf16 matmuls on this CPU (AVX-512 or AMX; not on an AVX2-only CPU, where its bf16
     linear refuses to run): only then are weights packed for it."""
     try:
@@ -152,7 +152,7 @@ def packed_row_invariant(dtype: torch.dtype, n_out: int, n_in: int) -> bool:
     kernels) and an ``[n_out, n_in]`` weight, agrees with ``F.linear`` to rounding and gives every row the
     result it gives that row alone, for 1 to 16 rows (a one-off trial on random values). Only then is a weight
     packed where the speculative verification and the autoregressive step must round alike."""
-    if dtype not in (torch.float32, torch.bfloat16) or (dtype == torch.bfloat16 and not _onednn_bf16()):
+    if dtype not in (torch.float32, torch.bfloat16) or (dtype == torch.bfloat16 and not onednn_bf16()):
         return False
     try:
         g = torch.Generator().manual_seed(0)
@@ -171,7 +171,7 @@ def packed_row_invariant(dtype: torch.dtype, n_out: int, n_in: int) -> bool:
 
 def _packable(w: torch.Tensor) -> bool:
     if w.dtype == torch.bfloat16:
-        return _onednn_bf16()
+        return onednn_bf16()
     return w.dtype == torch.float32 and w.numel() > FP32_PACK_MIN and packed_row_invariant(torch.float32, *w.shape)
 
 

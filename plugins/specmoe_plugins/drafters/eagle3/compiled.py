@@ -20,11 +20,13 @@ from typing import Any
 
 import torch
 
+from specmoe.kernels import row_kernels
+from specmoe.models import linear
 from specmoe.models.compiling import compile_fn, dynamic, enabled, failure, standard, structure_generation
 from specmoe.models.graph import project
 from specmoe.models.rope import RopeTables, static
 
-__all__ = ["CompiledStep", "COMPILED_MAX_ROWS", "COMPILED_MAX_ROWS_REDUCED"]
+__all__ = ["CompiledStep", "COMPILED_MAX_ROWS", "COMPILED_MAX_ROWS_REDUCED", "ROW_KERNEL_ROWS"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,15 @@ COMPILED_MAX_ROWS = 6
 #: 1 input 0.36 ms compiled / 0.91 ms eager; 5 inputs 0.65 / 0.99 ms; 40 inputs 1.43 / 2.06 ms; 200 inputs
 #: 7.5 / 8.9 ms; the explicit reductions took 1.13 ms for 5 inputs)
 COMPILED_MAX_ROWS_REDUCED = 256
+
+
+#: two to this many inputs take the row kernels' products (:mod:`specmoe.kernels.row_kernels`: each weight row read
+#: once for a block of up to four inputs) where they build, in float32 and bf16; on a CPU without oneDNN's bf16
+#: kernels (AVX2 only) a bf16 draft takes them up to COMPILED_MAX_ROWS_REDUCED inputs. One input keeps the explicit
+#: reductions. Demo draft, 2-core Zen 3 (AVX2), one thread, paired in one process, row kernels / before: float32
+#: 1 input 0.86 / 0.68 ms, 2: 0.98 / 0.87, 4: 1.12 / 1.26, 8: 1.56 / 2.02 (eager), 20: 2.72 / 2.87 (eager),
+#: 40: 4.25 / 3.73 (eager); bf16 4 inputs 1.03 / 1.98 ms, 12: 2.14 / 5.31, 40: 4.85 / 16.3 (BLAS in the graph)
+ROW_KERNEL_ROWS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +80,14 @@ def _step(spec: _Spec, w: dict, tokens: torch.Tensor, hidden: torch.Tensor, posi
     b, n = tokens.shape
     total = allowed.shape[-1]
     hq, hkv, d = spec.heads, spec.kv_heads, spec.head_dim
-    blas = b * n > 1 and w["q"].dtype != torch.float32  # see the module docstring
+    row = w.get("rows")  # input-major copies for the row kernels (CompiledStep._row_weights), or None
+    blas = row is None and b * n > 1 and w["q"].dtype != torch.float32  # see the module docstring
 
-    def lin(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def lin(x: torch.Tensor, name: str) -> torch.Tensor:
+        if row is not None:
+            y = torch.ops.specmoe.row_linear(x.float().flatten(0, -2), *row[name])
+            return y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+        weight, bias = w[name], w[f"{name}_b"]
         if blas:
             return torch.nn.functional.linear(x, weight, bias)
         return project(x, weight, bias).to(x.dtype)
@@ -79,9 +95,12 @@ def _step(spec: _Spec, w: dict, tokens: torch.Tensor, hidden: torch.Tensor, posi
     emb = w["embed"][tokens].to(hidden.dtype)
     h_norm = _rms(hidden, w["hidden_norm"], spec.eps)
     x = torch.cat([_rms(emb, w["input_norm"], spec.eps), h_norm], dim=-1)
-    q = lin(x, w["q"], w["q_b"]).view(b, n, hq, d).transpose(1, 2)
-    k = lin(x, w["k"], w["k_b"]).view(b, n, hkv, d).transpose(1, 2)
-    v = lin(x, w["v"], w["v_b"]).view(b, n, hkv, d).transpose(1, 2)
+    if row is not None:
+        q, k, v = lin(x, "qkv").split([hq * d, hkv * d, hkv * d], dim=-1)
+    else:
+        q, k, v = lin(x, "q"), lin(x, "k"), lin(x, "v")
+    q = q.view(b, n, hq, d).transpose(1, 2)
+    k, v = k.view(b, n, hkv, d).transpose(1, 2), v.view(b, n, hkv, d).transpose(1, 2)
     cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
     q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
     slots = torch.arange(n, device=cache_k.device) + (total - n)
@@ -93,11 +112,21 @@ def _step(spec: _Spec, w: dict, tokens: torch.Tensor, hidden: torch.Tensor, posi
     att = torch.nn.functional.scaled_dot_product_attention(q.reshape(b, hkv, rep * n, d), keys, values,
                                                            attn_mask=mask, scale=spec.scale)
     flat = att.view(b, hq, n, d).transpose(1, 2).reshape(b, n, hq * d)
-    h = (h_norm if spec.norm_before_residual else hidden) + lin(flat, w["o"], w["o_b"])
+    h = (h_norm if spec.norm_before_residual else hidden) + lin(flat, "o")
     y = _rms(h, w["post_norm"], spec.eps)
-    out = h + lin(spec.act(lin(y, w["gate"], w["gate_b"])) * lin(y, w["up"], w["up_b"]), w["down"], w["down_b"])
+    if row is not None:
+        gate, up = lin(y, "gate_up").chunk(2, dim=-1)
+    else:
+        gate, up = lin(y, "gate"), lin(y, "up")
+    out = h + lin(spec.act(gate) * up, "down")
     normed = _rms(out, w["norm"], spec.eps)
-    logits = torch.nn.functional.linear(normed, w["lm_head"]).float() if blas else project(normed, w["lm_head"])
+    if row is not None:
+        flat = normed.float().flatten(0, -2)
+        logits = torch.ops.specmoe.row_linear(flat, *row["lm_head"]).view(b, n, -1)
+    elif blas:
+        logits = torch.nn.functional.linear(normed, w["lm_head"]).float()
+    else:
+        logits = project(normed, w["lm_head"])
     return out, torch.log_softmax(logits, dim=-1)
 
 
@@ -113,7 +142,14 @@ class CompiledStep:
         self._fn = compile_fn(_step)
         self._rope: RopeTables | None = None
         self.off = False
-        self.max_rows = COMPILED_MAX_ROWS if model.fc.weight.dtype == torch.float32 else COMPILED_MAX_ROWS_REDUCED
+        dtype = model.fc.weight.dtype
+        self.row = dtype in row_kernels.DTYPES and row_kernels.available()
+        self._row_read: tuple[tuple, dict] | None = None  # (the sources' stamps, :meth:`_row_weights`)
+        #: the most inputs whose products take the row kernels (from two on; see ROW_KERNEL_ROWS)
+        self.row_max = 0 if not self.row else (
+            ROW_KERNEL_ROWS if dtype == torch.float32 or linear.onednn_bf16() else COMPILED_MAX_ROWS_REDUCED)
+        self.max_rows = max(COMPILED_MAX_ROWS, self.row_max) if dtype == torch.float32 \
+            else COMPILED_MAX_ROWS_REDUCED
         self._read: tuple[int, dict] | None = None  # (structure generation, :meth:`_weights`)
         self._compiled: set[tuple[int, bool]] = set()  # (batch, one input) of the variants compiled
 
@@ -142,8 +178,33 @@ class CompiledStep:
         w.update({f"{name}_b": layer_.bias for name, layer_ in linears.items()})
         w.update(embed=m.embed_tokens.weight, hidden_norm=layer.hidden_norm.weight,
                  input_norm=layer.input_layernorm.weight, post_norm=layer.post_attention_layernorm.weight,
-                 norm=m.norm.weight, lm_head=m.lm_head.weight)
+                 norm=m.norm.weight, lm_head=m.lm_head.weight, lm_head_b=None)
         return w
+
+    def _row_weights(self, w: dict) -> dict | None:
+        """The products' input-major copies for :func:`~specmoe.kernels.row_kernels.row_linear` by name (``qkv``,
+        ``o``, ``gate_up``, ``down``, ``lm_head``: ``(weight [in, out], bias or None)``), or ``None`` where the
+        row kernels are not used; made again when a weight changes (storage or version counter)."""
+        if not self.row:
+            return None
+        names = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+        sources = [w[x] for x in names] + [w[f"{x}_b"] for x in names]
+        stamp = tuple(None if t is None else (t.data_ptr(), t._version) for t in sources)
+        if self._row_read is not None and self._row_read[0] == stamp:
+            return self._row_read[1]
+
+        def fused(*parts: str) -> tuple:
+            weights = [w[x].detach() for x in parts]
+            biases = [w[f"{x}_b"] for x in parts]
+            bias = None if all(b is None for b in biases) else torch.cat(
+                [b.detach() if b is not None else wt.new_zeros(wt.shape[0]) for wt, b in zip(weights, biases)])
+            return torch.cat(weights).t().contiguous(), bias
+
+        with torch.no_grad():
+            out = {"qkv": fused("q", "k", "v"), "o": fused("o"), "gate_up": fused("gate", "up"),
+                   "down": fused("down"), "lm_head": fused("lm_head")}
+        self._row_read = (stamp, out)
+        return out
 
     def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                  cache_k: torch.Tensor, cache_v: torch.Tensor, start: int,
@@ -158,7 +219,8 @@ class CompiledStep:
             self._rope = RopeTables(m.rotary, self.spec.head_dim)
         cos, sin = self._rope.table(hidden, start + n)
         tokens, hidden, positions, allowed = (standard(t) for t in (tokens, hidden, positions, allowed))
-        key = (tokens.shape[0], n == 1)
+        row = self.row and 2 <= tokens.numel() <= self.row_max
+        key = (tokens.shape[0], n == 1, row)
         if key not in self._compiled:  # a variant may compile here; later calls match it unmarked
             for t in (tokens, hidden, positions):
                 dynamic(t, 1)
@@ -168,8 +230,9 @@ class CompiledStep:
             for t in (cache_k, cache_v):
                 dynamic(t, 2)
         try:
-            out = self._fn(self.spec, self._weights(), tokens, hidden, positions, cos, sin, cache_k, cache_v,
-                           allowed)
+            w = self._weights()
+            w = {**w, "rows": self._row_weights(w) if row else None}
+            out = self._fn(self.spec, w, tokens, hidden, positions, cos, sin, cache_k, cache_v, allowed)
             self._compiled.add(key)
             return out
         except Exception as exc:  # a compiler missing or failing on this machine: the eager step stays

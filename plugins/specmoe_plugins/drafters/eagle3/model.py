@@ -470,17 +470,23 @@ class Eagle3Model(nn.Module):
     @torch.no_grad()
     def warm_up(self) -> None:
         """Run :meth:`step_logp` over one and over three inputs after three cached slots on a scratch cache
-        (batch 1): the compiled step's variants a decoding run takes (one input: a chain's step; two to
-        ``COMPILED_MAX_ROWS``: absorbing the accepted tokens, a tree's level) compile here rather than in the first
+        (batch 1), and over one input more than the row kernels take where the compiled step still runs it: the
+        compiled step's variants a decoding run takes (one input: a chain's step; several: absorbing the accepted
+        tokens, a tree's level, a prompt) compile here rather than in the first
         drafts (a no-op for the eager step). Sizes of one would compile their own variants (a size-one dimension
         is a constant to the compiler): a scratch pass that attends to a single slot compiled one that no real
         step matched, and the first real steps compiled again (0.3-1 s each, inside a timed generation)."""
         if self.__dict__.get("_compiled_step", False) is None:
             return
         c, p = self.config, self.fc.weight
-        cache = torch.zeros(1, c.num_key_value_heads, 16, c.head_dim, dtype=p.dtype, device=p.device)
         start = 3
-        for n in (1, 3):
+        for n in (1, 3, 0):  # a chain's step; absorbing the accepted tokens, a tree's level; (0) see below
+            if n == 0:  # more inputs than the row kernels take, where the compiled step still runs them
+                step = self.__dict__.get("_compiled_step")
+                if step is None or not step.row or step.row_max >= step.max_rows:
+                    break
+                n = step.row_max + 1
+            cache = torch.zeros(1, c.num_key_value_heads, 16 + n, c.head_dim, dtype=p.dtype, device=p.device)
             tokens = torch.zeros(1, n, dtype=torch.long, device=p.device)
             allowed = torch.ones(n, start + n, dtype=torch.bool, device=p.device).tril(start)[None]
             self.step_logp(tokens, torch.zeros(1, n, c.hidden_size, dtype=p.dtype, device=p.device),
