@@ -119,3 +119,26 @@ def test_draft_cache_absorbs_rounds_like_one_pass(make_target):
     assert torch.equal(tree_rounds.tokens, tree_one.tokens)
     assert torch.equal(tree_rounds.parents, tree_one.parents)
     assert rounds.k.shape[2] == len(seq)  # only committed context is cached; tree slots were dropped
+
+
+def test_a_step_records_what_its_verification_accepted_before_the_stop_rule_cut(make_predictable,
+                                                                              agreeing_drafts):
+    """``StepRecord.uncut`` is what the acceptance produced (drafts + bonus), ``accepted`` what the stop rule
+    kept: equal on every step but a cut last one, where the token limit falls inside an accepted path (what
+    vLLM's acceptance counters count, so ``bench tree`` / ``bench peer`` compare tokens per step alike)."""
+    target, _ = make_predictable("gpt_oss")
+    drafter = drafters.get("eagle3")(path=str(agreeing_drafts("gpt_oss", "eagle3")))
+    drafter.setup(target)
+    engine = SpeculativeEngine(target, drafter, selectors.get("confidence")(), None)
+    prompts = random_prompts(6, [3, 5, 7, 9, 11, 13], target.vocab_size, seed=6)
+    cut = 0
+    for limit in (5, 6, 7):
+        for p in prompts:
+            out = engine.generate([p], budget=5, steps=4, top_k=1, temperature=0, stop=StopRule(limit))
+            assert 1 + sum(s.accepted[0] for s in out.steps) == len(out.tokens[0]) <= limit  # 1: the prompt pass
+            for s in out.steps[:-1]:
+                assert s.uncut == s.accepted
+            last = out.steps[-1]
+            assert last.uncut[0] >= last.accepted[0]
+            cut += last.uncut[0] > last.accepted[0]
+    assert cut > 0, "some generation's limit fell inside an accepted path"

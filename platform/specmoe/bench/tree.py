@@ -4,8 +4,9 @@
 On a target and a drafter checkpoint (``--target``, ``--drafter-path``: e.g. the demo's ``pretrain_target`` and
 ``train_eagle3`` stage directories) and benchmark prompts (default: 16 GSM8K test questions, zero-shot
 ``Question: ...\\nAnswer:``), it generates every prompt with each method, in one run, interleaved prompt by
-prompt (the order rotated per prompt), and reports per method tokens per step (committed tokens per speculative
-step, bonus included: independent of the machine's load), tokens/s, the per-position acceptance (share of steps
+prompt (the order rotated per prompt), and reports per method tokens per step (tokens each speculative step's
+verification accepted, bonus included, before a stop rule cut a generation's last step: vLLM's mean acceptance
+length; independent of the machine's load), tokens/s, the per-position acceptance (share of steps
 that accepted at least d drafts), the verified tokens per step and the phase seconds per step.
 
 Methods: ``--shapes`` name=budget/steps/top_k[/frontier] (default: chains of 3 and 4 drafts, trees at γ 4 and 5
@@ -187,7 +188,9 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
                 if not s.speculative or not s.accepted:
                     continue
                 a["steps"] += 1
-                a["hist"].append(s.accepted[0] - 1)  # drafts accepted (a stop rule may cut the last step)
+                # drafts the verification accepted, before a stop rule cut the generation's last step (what
+                # vLLM's acceptance counters count: comparable tokens per step and acceptance by position)
+                a["hist"].append((s.uncut or s.accepted)[0] - 1)
                 a["verified"] += sum(s.verified)
                 for ph in a["t"]:
                     a["t"][ph] += getattr(s, f"t_{ph}") or 0.0

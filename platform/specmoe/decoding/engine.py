@@ -431,7 +431,8 @@ class SpeculativeEngine:
             floor.observe_upkeep(clock.seconds(t4, t5))
             # evidence, a fall-back charged; not where a stop rule cut a row's tokens
             floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows), truncated=finished)
-        run.records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[]))
+        run.records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[],
+                                      uncut=[len(new_rows[b]) for b in rows]))
         run.traces.append(StepTrace(vout.routing, vt.valid, order, experts, sel, kv_slots, (t0, t1, t2, t3, t4, t5)))
 
     @staticmethod

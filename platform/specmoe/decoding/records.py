@@ -46,6 +46,10 @@ class StepRecord:
     pass_experts_per_layer: list[int] | None = None
     speculative: bool = True
     """False for a plain AR step the engine took under its AR floor (no drafting, prediction or selection)."""
+    uncut: list[int] | None = None
+    """per active row, the tokens the step's acceptance produced (accepted drafts + bonus) before stop rules cut
+    them (the last step of a generation at its token limit or an end token): what a serving engine's acceptance
+    counters count (vLLM: 1 + accepted drafts per step); ``accepted`` where no rule cut. ``None`` for AR steps."""
 
     @property
     def unique_experts(self) -> float:
