@@ -4,8 +4,11 @@ log-probabilities of every new input, in a few generated loops instead of ~130 f
 
 A draft's rounding never decides what is committed (verification does), so the step is free to take whatever
 kernels are faster for its number of rows and dtype: one input (a chain's step) takes explicit reductions, one
-generated loop per output element; several inputs in bf16 / fp16 take BLAS products inside the graph (each
-weight read once for all rows; a variant of its own); several in float32 keep the explicit reductions, which
+generated loop per output element; two to :data:`ROW_KERNEL_ROWS` inputs (absorbing the accepted tokens, a tree's
+level) take the row kernels' products (:mod:`specmoe.kernels.row_kernels`, float32 and bf16, where they build:
+each weight row read once for a block of four inputs), up to :data:`COMPILED_MAX_ROWS_REDUCED` bf16 inputs on a
+CPU without oneDNN's bf16 kernels; otherwise several inputs in bf16 / fp16 take BLAS products inside the graph
+(each weight read once for all rows; a variant of its own) and several in float32 the explicit reductions, which
 were faster than the graph's float32 BLAS calls there (:data:`COMPILED_MAX_ROWS`). The computation is
 :meth:`Eagle3Model.step_into` followed by ``log_softmax(logits)`` (tested equal to rounding); a rotary type
 whose tables change with the sequence, a GPU, ``SPECMOE_COMPILE=0`` or a failure to compile keep the eager
