@@ -109,7 +109,10 @@ def test_the_graph_form_calls_the_kernel_and_keeps_its_loops_when_switched_off(t
     loops, _ = _graph_experts_of(target)
     assert not loops.forward.args[0].kernel
     without = loops.forward(loops.weights(), hidden, idx, wts)
-    assert torch.allclose(with_kernel, without, rtol=1e-5, atol=1e-6)
+    # the two sum in different orders (and the loops' order depends on the CPU's vector width): equal to float32
+    # rounding of the largest output, where a wrong expert, weight or combine would be off by its own size
+    err = float((with_kernel - without).abs().max())
+    assert err <= 1e-4 * float(without.abs().max()), err
 
 
 @pytest.mark.parametrize(("arch", "dtype"), [("gpt_oss", "float32"), ("qwen3_moe", "bfloat16")])
