@@ -143,6 +143,19 @@ def test_switched_off_by_the_environment_and_by_the_verifier(tiny_cache, monkeyp
     assert target._graph is None
 
 
+def _small_draft():
+    """A small EAGLE-3 draft (hidden 32, draft vocabulary 40 of 60) with weights of std 0.3 (seed 0)."""
+    from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model
+
+    c = Eagle3Config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=60, draft_vocab_size=40)
+    torch.manual_seed(0)
+    m = Eagle3Model(c).eval().requires_grad_(False)
+    for p in m.parameters():
+        p.data.normal_(0, 0.3)
+    return m
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_draft_step_computes_the_eager_step(compiled, monkeypatch, dtype):
     """The EAGLE-3 draft's compiled step (:mod:`specmoe_plugins.drafters.eagle3.compiled`) against its eager
@@ -192,14 +205,8 @@ def test_a_draft_step_over_more_inputs_than_compiled_max_rows_runs_eagerly(compi
     (BLAS products read each weight once for all rows); up to it the compiled step runs; both give the same
     log-probabilities to rounding."""
     from specmoe_plugins.drafters.eagle3 import compiled as compiled_mod
-    from specmoe_plugins.drafters.eagle3.model import Eagle3Config, Eagle3Model
 
-    c = Eagle3Config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                     vocab_size=60, draft_vocab_size=40)
-    torch.manual_seed(0)
-    m = Eagle3Model(c).eval().requires_grad_(False)
-    for p in m.parameters():
-        p.data.normal_(0, 0.3)
+    m = _small_draft()
     calls = []
     real = compiled_mod.CompiledStep.__call__
     monkeypatch.setattr(compiled_mod.CompiledStep, "__call__",
@@ -247,6 +254,90 @@ def test_the_draft_steps_a_decoding_run_takes_do_not_compile_after_warm_up(compi
                         torch.arange(start, start + n)[None], k, v, start, allowed)
     assert counters["stats"]["unique_graphs"] == compiled_before
     assert not step.off
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bsz", [1, 3])
+def test_a_chain_drafted_in_one_compiled_call_is_the_pool_built_level_by_level(compiled, monkeypatch, dtype, bsz):
+    """A pool of ``top_k = 1`` (a chain) is drafted by one compiled call (``Eagle3Model.chain_logp``) where the
+    compiled step runs: the same tree as :func:`build_pool` level by level (tokens, structure, features; edge
+    log-probabilities to rounding), the same keys / values written after the context, the context's length
+    unchanged, and no level-by-level step taken."""
+    from specmoe_plugins.drafters.eagle3 import compiled as compiled_mod
+    from specmoe_plugins.drafters.eagle3.tree import TreeContext, draft_pool
+
+    m = _small_draft()
+    m.d2t.copy_(torch.randint(0, 20, (40,)))  # draft ids map to other target ids
+    m.to(dtype)
+    steps, n_ctx = 4, 7
+    g = torch.Generator().manual_seed(5)
+    k0, v0 = torch.randn(bsz, 2, n_ctx + 8, 8, generator=g).to(dtype), torch.randn(bsz, 2, n_ctx + 8, 8,
+                                                                                  generator=g).to(dtype)
+    seen = torch.rand(bsz, n_ctx + 8, generator=g) > 0.3
+    root_tokens = torch.randint(0, 60, (bsz,), generator=g)
+    root_hidden, prev = torch.randn(bsz, 32, generator=g).to(dtype), torch.randn(bsz, 32, generator=g).to(dtype)
+    root_logp = torch.log_softmax(torch.randn(bsz, 40, generator=g), -1)
+    root_pos = torch.tensor([n_ctx - 1, n_ctx - 3, n_ctx - 2][:bsz])
+    calls = {"chain": 0, "step": 0}
+    real_chain, real_step = compiled_mod.CompiledStep.chain, compiled_mod.CompiledStep.__call__
+
+    def chain(self, *a):
+        calls["chain"] += 1
+        return real_chain(self, *a)
+
+    def step(self, *a):
+        calls["step"] += 1
+        return real_step(self, *a)
+
+    monkeypatch.setattr(compiled_mod.CompiledStep, "chain", chain)
+    monkeypatch.setattr(compiled_mod.CompiledStep, "__call__", step)
+    out = {}
+    with torch.no_grad():
+        for name in ("chain", "levels"):
+            if name == "levels":
+                monkeypatch.setattr(m, "chain_logp", lambda *a: None)
+            ctx = TreeContext(k0.clone(), v0.clone(), seen.clone(), n_ctx)
+            tree = draft_pool(m, ctx, root_tokens, root_hidden, root_logp, root_pos, steps, 1, prev_hidden=prev)
+            assert ctx.length == n_ctx
+            out[name] = (tree, ctx.k[:, :, :n_ctx + steps - 1], ctx.v[:, :, :n_ctx + steps - 1])
+            if name == "chain":
+                assert calls == {"chain": 1, "step": 0}
+    assert calls == {"chain": 1, "step": steps - 1}
+    (a, ka, va), (b, kb, vb) = out["chain"], out["levels"]
+    for field in ("tokens", "parents", "depth", "valid", "anc"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for x, y in ((a.logp, b.logp), (a.path_logp, b.path_logp), (a.features, b.features), (ka, kb), (va, vb)):
+        assert x.dtype == y.dtype
+        assert torch.allclose(x.float(), y.float(), rtol=tol, atol=tol * float(y.float().abs().max()))
+
+
+def test_compiled_chains_equal_compiled_ar(compiled, tiny_cache, agreeing_drafts):
+    """Speculation on chains (``top_k = 1``) drafted by the compiled chain call equals AR, at batch 1 and 3."""
+    from specmoe_plugins.drafters.eagle3 import compiled as compiled_mod
+
+    target = _target(tiny_cache, "gpt_oss")
+    drafter = drafters.get("eagle3")(path=str(agreeing_drafts("gpt_oss", "eagle3")))
+    drafter.setup(target)
+    calls = []
+    real = compiled_mod.CompiledStep.chain
+    compiled_mod.CompiledStep.chain = lambda self, *a: calls.append(a[-1]) or real(self, *a)
+    try:
+        prompts = random_prompts(3, [2, 11, 29], target.vocab_size, seed=4)
+        stop = StopRule(MAX_NEW)
+        refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
+        engine = SpeculativeEngine(target, drafter, selectors.get("confidence")(), None)
+        gens = []
+        for drafts in (2, 4):
+            for p, ref in zip(prompts, refs):
+                gens.append(engine.generate([p], budget=drafts + 1, steps=drafts, top_k=1, temperature=0, stop=stop))
+                assert gens[-1].tokens[0] == ref, f"chain of {drafts}, prompt of {len(p)}"
+            gens.append(engine.generate(prompts, budget=drafts + 1, steps=drafts, top_k=1, temperature=0, stop=stop))
+            assert gens[-1].tokens == refs, f"chain of {drafts}, batch of 3"
+    finally:
+        compiled_mod.CompiledStep.chain = real
+    assert sorted(set(calls)) == [2, 4] and len(calls) >= sum(len(g.steps) for g in gens) // 2
+    assert multi_token_share(gens) >= MIN_MULTI
 
 
 def test_standard_gives_a_new_tensor_for_a_view():

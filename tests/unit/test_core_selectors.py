@@ -77,6 +77,26 @@ def test_selection_is_closed_and_within_budget(name, budget):
     assert (sel.sum(1) == min(budget, tree.num_nodes)).all()
 
 
+@pytest.mark.parametrize("name", ["confidence", "ecospec", "global_cost"])
+@pytest.mark.parametrize("budget", [11, 12])
+def test_a_pool_within_the_budget_is_selected_whole_as_the_greedy_selects_it(name, budget, monkeypatch):
+    """A pool of at most ``budget`` nodes (a chain of ``budget - 1`` drafts) is selected whole without the greedy
+    (``whole_pool``): the greedy's own selection, padding left out."""
+    from specmoe.decoding import selection
+
+    tree, experts = random_pool(3, seed=5)
+    tree.valid[1, 7:] = False  # row 1's last level is padding (ancestor-closed: leaves only)
+    tree.valid[1, 4] = tree.valid[1, 3] = tree.valid[1, 7]
+    assert bool(is_ancestor_closed(tree.parents, tree.valid).all())
+    module = __import__(selectors.get(name).__module__, fromlist=["whole_pool"])
+    fast = selectors.get(name)().select(tree, budget, experts)
+    calls = []
+    monkeypatch.setattr(module, "whole_pool", lambda *a: calls.append(1) and None)
+    greedy = selectors.get(name)().select(tree, budget, experts)
+    assert calls and torch.equal(fast, greedy) and torch.equal(fast, tree.valid)
+    assert selection.whole_pool(tree, tree.num_nodes - 1) is None
+
+
 def test_confidence_is_top_by_path_probability():
     tree, _ = random_pool(2, seed=7)
     sel = selectors.get("confidence")().select(tree, 5)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar
+from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar, whole_pool
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.tree import DraftTree
 
@@ -40,6 +40,9 @@ class ConfidenceSelector(Selector):
 
     def select(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
                buffer: torch.Tensor | None = None) -> torch.Tensor:
+        whole = whole_pool(tree, budget)
+        if whole is not None:
+            return whole
         # tiny depth/index penalty breaks exact ties towards the parent side
         n = tree.num_nodes
         tie = tree.depth.float() * 1e-9 + torch.arange(n, device=tree.tokens.device).float() * 1e-12

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from specmoe.decoding.bitsets import pack_sets
-from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar
+from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar, whole_pool
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.tree import DraftTree
 
@@ -68,6 +68,9 @@ class EcoSpecSelector(Selector):
                buffer: torch.Tensor | None = None) -> torch.Tensor:
         if experts is None:
             raise ValueError("ecospec needs predicted expert sets")
+        whole = whole_pool(tree, budget)
+        if whole is not None:
+            return whole
         b0 = None if buffer is None else pack_sets(buffer.reshape(experts.shape[-2:]))
         eps = np.float32(self.config.eps)
         shared = self.config.shared_buffer

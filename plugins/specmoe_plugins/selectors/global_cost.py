@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from specmoe.decoding.bitsets import popcount_rows
-from specmoe.decoding.selection import PackedPool, greedy_packed
+from specmoe.decoding.selection import PackedPool, greedy_packed, whole_pool
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.tree import DraftTree
 
@@ -40,6 +40,9 @@ class GlobalCostSelector(Selector):
                buffer: torch.Tensor | None = None) -> torch.Tensor:
         if experts is None:
             raise ValueError("global_cost needs predicted expert sets")
+        whole = whole_pool(tree, budget)
+        if whole is not None:
+            return whole
         pool = PackedPool.build(tree, experts)
         cost = popcount_rows(pool.paths).reshape(-1).astype(np.float32)  # [B*N]
         prob = tree.rank_value.float() if self.config.calibrated else tree.path_prob

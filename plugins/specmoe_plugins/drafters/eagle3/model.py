@@ -455,17 +455,36 @@ class Eagle3Model(nn.Module):
         expansion, a chain's step, a short catch-up; more, such as a prompt, take the eager step, whose BLAS
         products read each weight once for all rows) or
         :data:`~specmoe_plugins.drafters.eagle3.compiled.COMPILED_MAX_ROWS_REDUCED` bf16 / fp16 inputs."""
-        compiled = self.__dict__.get("_compiled_step", False)
-        if compiled is False:
-            from specmoe_plugins.drafters.eagle3.compiled import CompiledStep
-
-            compiled = self.__dict__["_compiled_step"] = CompiledStep.build(self)
+        compiled = self._compiled()
         if compiled is not None and not torch.is_grad_enabled() and tokens.numel() <= compiled.max_rows:
             got = compiled(tokens, hidden, positions, cache_k, cache_v, start, allowed)
             if got is not None:
                 return got
         out = self.step_into(tokens, hidden, positions, cache_k, cache_v, start, allowed)
         return out, torch.log_softmax(self.logits(out), dim=-1)
+
+    def _compiled(self) -> Any:
+        """The compiled step (:class:`~specmoe_plugins.drafters.eagle3.compiled.CompiledStep`, built at the first
+        call), or ``None`` where the eager step runs."""
+        compiled = self.__dict__.get("_compiled_step", False)
+        if compiled is False:
+            from specmoe_plugins.drafters.eagle3.compiled import CompiledStep
+
+            compiled = self.__dict__["_compiled_step"] = CompiledStep.build(self)
+        return compiled
+
+    def chain_logp(self, root_hidden: torch.Tensor, root_logp: torch.Tensor, root_pos: torch.Tensor,
+                   cache_k: torch.Tensor, cache_v: torch.Tensor, context: torch.Tensor,
+                   steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """A chain of ``steps >= 2`` drafts below the root (the likeliest token at every depth) in one compiled
+        call: ``(tokens [B, steps]`` target ids of depths 1 .. steps, ``logp [B, steps]`` their edge
+        log-probabilities, ``hidden [B, steps - 1, H]`` the outputs of the steps over depths 1 .. steps - 1),
+        their keys / values written after ``context [B, C]`` in ``cache_k, cache_v``; ``None`` where the compiled
+        step does not run (the caller drafts level by level with :meth:`step_logp`)."""
+        compiled = self._compiled()
+        if compiled is None or torch.is_grad_enabled() or root_hidden.shape[0] > compiled.max_rows:
+            return None
+        return compiled.chain(root_hidden, root_logp, root_pos, cache_k, cache_v, context, steps)
 
     @torch.no_grad()
     def warm_up(self) -> None:

@@ -88,6 +88,12 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
         prev_hidden: ``[B, H]`` output of the step before the root's; when given, the tree carries
             ``features`` (each node's proposing step output, :func:`proposer_features`).
     """
+    if top_k == 1 and steps >= 2:  # a chain: one compiled call where the compiled step runs
+        ctx.reserve(steps - 1)
+        got = model.chain_logp(root_hidden, root_logp, root_pos, ctx.k, ctx.v, ctx.allowed.narrow(1, 0, ctx.length),
+                               steps)
+        if got is not None:
+            return _chain_tree(root_tokens, root_hidden, prev_hidden, *got)
     bsz = root_tokens.shape[0]
     dev = root_tokens.device
     n_pool = pool_size(steps, top_k, width)
@@ -119,4 +125,22 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
     tree = build_pool(root_tokens, root_logp, expand, steps, top_k, to_target=model.to_target, width=width)
     if prev_hidden is not None:
         tree.features = proposer_features(tree.parents, node_hidden, prev_hidden)
+    return tree
+
+
+def _chain_tree(root_tokens: torch.Tensor, root_hidden: torch.Tensor, prev_hidden: torch.Tensor | None,
+                tokens: torch.Tensor, logp: torch.Tensor, hidden: torch.Tensor) -> DraftTree:
+    """The pool :func:`build_pool` builds for ``top_k = 1`` from :meth:`Eagle3Model.chain_logp`'s outputs
+    (``tokens, logp [B, steps]``, ``hidden [B, steps - 1, H]``): node ``i`` at depth ``i``, its parent ``i - 1``."""
+    bsz, steps = tokens.shape
+    n, dev = steps + 1, tokens.device
+    lp = torch.cat([logp.new_zeros(bsz, 1), logp], dim=1)
+    parents = torch.arange(-1, steps, device=dev).expand(bsz, n).contiguous()
+    tree = DraftTree(tokens=torch.cat([root_tokens[:, None], tokens], dim=1), parents=parents,
+                     depth=torch.arange(n, device=dev).expand(bsz, n).contiguous(), logp=lp, path_logp=lp.cumsum(1),
+                     valid=torch.ones(bsz, n, dtype=torch.bool, device=dev),
+                     anc=torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(bsz, n, n).contiguous())
+    if prev_hidden is not None:
+        states = torch.cat([root_hidden[:, None], hidden, hidden.new_zeros(bsz, 1, hidden.shape[-1])], dim=1)
+        tree.features = proposer_features(parents, states.to(root_hidden.dtype), prev_hidden)
     return tree
