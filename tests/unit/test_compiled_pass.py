@@ -256,13 +256,14 @@ def test_the_draft_steps_a_decoding_run_takes_do_not_compile_after_warm_up(compi
     assert not step.off
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bsz", [1, 3])
-def test_a_chain_drafted_in_one_compiled_call_is_the_pool_built_level_by_level(compiled, monkeypatch, dtype, bsz):
-    """A pool of ``top_k = 1`` (a chain) is drafted by one compiled call (``Eagle3Model.chain_logp``) where the
-    compiled step runs: the same tree as :func:`build_pool` level by level (tokens, structure, features; edge
-    log-probabilities to rounding), the same keys / values written after the context, the context's length
-    unchanged, and no level-by-level step taken."""
+@pytest.mark.parametrize(("dtype", "bsz", "top_k"), [(torch.float32, 1, 1), (torch.float32, 3, 2),
+                                                      (torch.bfloat16, 3, 1), (torch.bfloat16, 1, 3)])
+def test_a_chain_drafted_in_one_compiled_call_is_the_pool_built_level_by_level(compiled, monkeypatch, dtype, bsz,
+                                                                               top_k):
+    """A pool of frontier width one (a chain, ``top_k = 1``, or a chain with each level's runner-ups) is drafted by
+    one compiled call (``Eagle3Model.chain_logp``) where the compiled step runs: the same tree as
+    :func:`build_pool` level by level (tokens, structure, features; edge log-probabilities to rounding), the same
+    keys / values written after the context, the context's length unchanged, and no level-by-level step taken."""
     from specmoe_plugins.drafters.eagle3 import compiled as compiled_mod
     from specmoe_plugins.drafters.eagle3.tree import TreeContext, draft_pool
 
@@ -297,7 +298,8 @@ def test_a_chain_drafted_in_one_compiled_call_is_the_pool_built_level_by_level(c
             if name == "levels":
                 monkeypatch.setattr(m, "chain_logp", lambda *a: None)
             ctx = TreeContext(k0.clone(), v0.clone(), seen.clone(), n_ctx)
-            tree = draft_pool(m, ctx, root_tokens, root_hidden, root_logp, root_pos, steps, 1, prev_hidden=prev)
+            tree = draft_pool(m, ctx, root_tokens, root_hidden, root_logp, root_pos, steps, top_k, prev_hidden=prev,
+                              width=1)
             assert ctx.length == n_ctx
             out[name] = (tree, ctx.k[:, :, :n_ctx + steps - 1], ctx.v[:, :, :n_ctx + steps - 1])
             if name == "chain":
@@ -313,30 +315,41 @@ def test_a_chain_drafted_in_one_compiled_call_is_the_pool_built_level_by_level(c
 
 
 def test_compiled_chains_equal_compiled_ar(compiled, tiny_cache, agreeing_drafts):
-    """Speculation on chains (``top_k = 1``) drafted by the compiled chain call equals AR, at batch 1 and 3."""
+    """Speculation on pools drafted by the compiled chain call equals AR, at batch 1 and 3: chains (``top_k = 1``,
+    the raw ranking) and width-one pools with runner-ups (``frontier: 1``, ``top_k = 2``, calibrated confidence
+    and EcoSpec choosing among them)."""
     from specmoe_plugins.drafters.eagle3 import compiled as compiled_mod
 
     target = _target(tiny_cache, "gpt_oss")
-    drafter = drafters.get("eagle3")(path=str(agreeing_drafts("gpt_oss", "eagle3")))
-    drafter.setup(target)
+    path = str(agreeing_drafts("gpt_oss", "eagle3"))
+    pred = predictors.get("router_on_embedding")()
+    pred.setup(target)
     calls = []
     real = compiled_mod.CompiledStep.chain
-    compiled_mod.CompiledStep.chain = lambda self, *a: calls.append(a[-1]) or real(self, *a)
+    compiled_mod.CompiledStep.chain = lambda self, *a: calls.append(a[-2:]) or real(self, *a)  # (steps, top_k)
     try:
         prompts = random_prompts(3, [2, 11, 29], target.vocab_size, seed=4)
         stop = StopRule(MAX_NEW)
         refs = [ar_generate(target, [p], temperature=0, stop=stop).tokens[0] for p in prompts]
-        engine = SpeculativeEngine(target, drafter, selectors.get("confidence")(), None)
         gens = []
-        for drafts in (2, 4):
+        cases = [(None, "confidence", {"calibrated": False}, 2, 1), (None, "confidence", {"calibrated": False}, 4, 1),
+                 (1, "confidence", {}, 3, 2), (1, "ecospec", {}, 3, 2)]
+        for frontier, sel_name, opts, steps, top_k in cases:
+            drafter = drafters.get("eagle3")(path=path, **({"frontier": frontier} if frontier else {}))
+            drafter.setup(target)
+            sel = selectors.get(sel_name)(**opts)
+            engine = SpeculativeEngine(target, drafter, sel, pred if sel.needs_experts else None)
+            case = f"{sel_name} steps {steps} top_k {top_k}"
             for p, ref in zip(prompts, refs):
-                gens.append(engine.generate([p], budget=drafts + 1, steps=drafts, top_k=1, temperature=0, stop=stop))
-                assert gens[-1].tokens[0] == ref, f"chain of {drafts}, prompt of {len(p)}"
-            gens.append(engine.generate(prompts, budget=drafts + 1, steps=drafts, top_k=1, temperature=0, stop=stop))
-            assert gens[-1].tokens == refs, f"chain of {drafts}, batch of 3"
+                gens.append(engine.generate([p], budget=steps + 1, steps=steps, top_k=top_k, temperature=0,
+                                            stop=stop))
+                assert gens[-1].tokens[0] == ref, f"{case}, prompt of {len(p)}"
+            gens.append(engine.generate(prompts, budget=steps + 1, steps=steps, top_k=top_k, temperature=0,
+                                        stop=stop))
+            assert gens[-1].tokens == refs, f"{case}, batch of 3"
     finally:
         compiled_mod.CompiledStep.chain = real
-    assert sorted(set(calls)) == [2, 4] and len(calls) >= sum(len(g.steps) for g in gens) // 2
+    assert sorted(set(calls)) == [(2, 1), (3, 2), (4, 1)] and len(calls) >= sum(len(g.steps) for g in gens) // 2
     assert multi_token_share(gens) >= MIN_MULTI
 
 

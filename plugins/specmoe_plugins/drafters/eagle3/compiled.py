@@ -10,9 +10,10 @@ each weight row read once for a block of four inputs), up to :data:`COMPILED_MAX
 CPU without oneDNN's bf16 kernels; otherwise several inputs in bf16 / fp16 take BLAS products inside the graph
 (each weight read once for all rows; a variant of its own) and several in float32 the explicit reductions, which
 were faster than the graph's float32 BLAS calls there (:data:`COMPILED_MAX_ROWS`). The computation is
-:meth:`Eagle3Model.step_into` followed by ``log_softmax(logits)`` (tested equal to rounding). A chain (a pool of
-``top_k = 1``) is drafted by one compiled call of all its steps below the root (:meth:`CompiledStep.chain`,
-:func:`_chain_fn`; the same tree as the pool built level by level), a variant per number of steps. A rotary type
+:meth:`Eagle3Model.step_into` followed by ``log_softmax(logits)`` (tested equal to rounding). A pool of frontier
+width one (a chain, ``top_k = 1``, or a chain with each level's runner-ups, ``frontier: 1``) is drafted by one
+compiled call of all its steps below the root (:meth:`CompiledStep.chain`, :func:`_chain_fn`; the same tree as the
+pool built level by level), a variant per number of levels and candidates. A rotary type
 whose tables change with the sequence, a GPU, ``SPECMOE_COMPILE=0`` or a failure to compile keep the eager
 step (the failure said once in the log).
 """
@@ -135,33 +136,35 @@ def _step(spec: _Spec, w: dict, tokens: torch.Tensor, hidden: torch.Tensor, posi
     return out, torch.log_softmax(logits, dim=-1)
 
 
-def _chain_fn(steps: int):
-    """The chain of ``steps`` drafts (a pool of ``top_k = 1``) as one function of tensors: the ``steps - 1``
-    draft steps below the root unrolled, so a chain's draft is one compiled call (each separate call of the
-    compiled step costs ~0.2 ms of the framework's own work beside its ~0.3 ms of products, and the per-level
-    Python of the pool builder ~0.5 ms more; demo draft, Zen 3)."""
+def _chain_fn(steps: int, top_k: int):
+    """A pool of frontier width one (``steps`` levels, ``top_k`` candidates each: the chain of the likeliest
+    tokens and each level's runner-ups) as one function of tensors: the ``steps - 1`` draft steps below the root
+    unrolled, so its draft is one compiled call (each separate call of the compiled step costs ~0.2 ms of the
+    framework's own work beside its ~0.3 ms of products, and the per-level Python of the pool builder ~0.5 ms
+    more; demo draft, Zen 3)."""
 
     def chain(spec: _Spec, w: dict, d2t: torch.Tensor, root_hidden: torch.Tensor, root_logp: torch.Tensor,
               root_pos: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor, cache_k: torch.Tensor,
               cache_v: torch.Tensor, context: torch.Tensor):
         """``root_hidden [B, H]``, ``root_logp [B, V_draft]``, ``root_pos [B]``, ``context [B, C]`` (the context
-        slots each row sees; the chain's keys / values are written at slots ``C .. C + steps - 1``) -> ``(tokens
-        [B, steps]`` target ids of depths 1 .. steps, ``logp [B, steps]`` each edge's draft log-probability,
-        ``hidden [B, steps - 1, H]`` the outputs of the steps that consumed depths 1 .. steps - 1)."""
+        slots each row sees; the keys / values of the expanded nodes are written at slots ``C .. C + steps - 1``)
+        -> ``(tokens [B, steps, top_k]`` target ids of each level's candidates, likeliest first, ``logp [B,
+        steps, top_k]`` their edge log-probabilities, ``hidden [B, steps - 1, H]`` the outputs of the steps that
+        consumed the likeliest candidate of levels 1 .. steps - 1)."""
         b = root_hidden.shape[0]
-        lp, tok = root_logp.float().topk(1, dim=-1)
+        lp, tok = root_logp.float().topk(top_k, dim=-1)
         tokens, logps, outs = [tok + d2t[tok]], [lp], []
         hidden = root_hidden[:, None]
         seen = context[:, None, :]
         for i in range(steps - 1):
             seen = torch.cat([seen, torch.ones(b, 1, 1, dtype=torch.bool, device=seen.device)], dim=2)
-            hidden, logp = _step(spec, w, tokens[-1], hidden, (root_pos + (i + 1))[:, None], cos_table, sin_table,
-                                 cache_k, cache_v, seen)
+            hidden, logp = _step(spec, w, tokens[-1][:, :1], hidden, (root_pos + (i + 1))[:, None], cos_table,
+                                 sin_table, cache_k, cache_v, seen)
             outs.append(hidden)
-            lp, tok = logp[:, 0].topk(1, dim=-1)
+            lp, tok = logp[:, 0].topk(top_k, dim=-1)
             tokens.append(tok + d2t[tok])
             logps.append(lp)
-        return torch.cat(tokens, dim=1), torch.cat(logps, dim=1), torch.cat(outs, dim=1)
+        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), torch.cat(outs, dim=1)
 
     return chain
 
@@ -188,8 +191,8 @@ class CompiledStep:
             else COMPILED_MAX_ROWS_REDUCED
         self._read: tuple[int, dict] | None = None  # (structure generation, :meth:`_weights`)
         self._compiled: set[tuple[int, bool]] = set()  # (batch, one input) of the variants compiled
-        self._chains: dict[int, Any] = {}  # steps -> the compiled chain (:func:`_chain_fn`)
-        self._chained: set[tuple[int, int]] = set()  # (batch, steps) of the chain variants compiled
+        self._chains: dict[tuple[int, int], Any] = {}  # (steps, top_k) -> the compiled chain (:func:`_chain_fn`)
+        self._chained: set[tuple[int, int, int]] = set()  # (batch, steps, top_k) of the chain variants compiled
 
     @classmethod
     def build(cls, model: Any) -> CompiledStep | None:
@@ -251,32 +254,33 @@ class CompiledStep:
         return self._rope.table(like, length)
 
     def chain(self, root_hidden: torch.Tensor, root_logp: torch.Tensor, root_pos: torch.Tensor,
-              cache_k: torch.Tensor, cache_v: torch.Tensor, context: torch.Tensor, steps: int):
-        """A chain of ``steps >= 2`` drafts in one compiled call (:func:`_chain_fn`: the same steps as
-        :meth:`__call__` over one input per row): ``(tokens [B, steps], logp [B, steps], hidden [B, steps - 1,
-        H])``, or ``None`` (the caller builds the pool level by level) once compiling failed. The caches must
-        have ``steps - 1`` free slots after ``context [B, C]``."""
+              cache_k: torch.Tensor, cache_v: torch.Tensor, context: torch.Tensor, steps: int, top_k: int = 1):
+        """A pool of frontier width one over ``steps >= 2`` levels in one compiled call (:func:`_chain_fn`: the
+        same steps as :meth:`__call__` over one input per row): ``(tokens [B, steps, top_k], logp [B, steps,
+        top_k], hidden [B, steps - 1, H])``, or ``None`` (the caller builds the pool level by level) once
+        compiling failed. The caches must have ``steps - 1`` free slots after ``context [B, C]``."""
         if self.off:
             return None
         b, n_ctx = context.shape
         cos, sin = self._rope_tables(root_hidden, n_ctx + steps)
         root_hidden, root_logp, root_pos, context = (standard(t) for t in (root_hidden, root_logp, root_pos,
                                                                            context))
-        if (b, steps) not in self._chained:
+        key = (b, steps, top_k)
+        if key not in self._chained:
             dynamic(context, 1)
             for t in (cos, sin):
                 dynamic(t, 0)
             for t in (cache_k, cache_v):
                 dynamic(t, 2)
         try:
-            fn = self._chains.get(steps)
+            fn = self._chains.get((steps, top_k))
             if fn is None:
-                fn = self._chains[steps] = compile_fn(_chain_fn(steps))
+                fn = self._chains[steps, top_k] = compile_fn(_chain_fn(steps, top_k))
             w = self._weights()
             w = {**w, "rows": self._row_weights(w) if self.row and 2 <= b <= self.row_max else None}
             out = fn(self.spec, w, self.model.d2t, root_hidden, root_logp, root_pos, cos, sin, cache_k, cache_v,
                      context)
-            self._chained.add((b, steps))
+            self._chained.add(key)
             return out
         except Exception as exc:  # as __call__: the level-by-level pool stays
             self.off = True

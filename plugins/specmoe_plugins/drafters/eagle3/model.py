@@ -474,17 +474,18 @@ class Eagle3Model(nn.Module):
         return compiled
 
     def chain_logp(self, root_hidden: torch.Tensor, root_logp: torch.Tensor, root_pos: torch.Tensor,
-                   cache_k: torch.Tensor, cache_v: torch.Tensor, context: torch.Tensor,
-                   steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """A chain of ``steps >= 2`` drafts below the root (the likeliest token at every depth) in one compiled
-        call: ``(tokens [B, steps]`` target ids of depths 1 .. steps, ``logp [B, steps]`` their edge
-        log-probabilities, ``hidden [B, steps - 1, H]`` the outputs of the steps over depths 1 .. steps - 1),
-        their keys / values written after ``context [B, C]`` in ``cache_k, cache_v``; ``None`` where the compiled
-        step does not run (the caller drafts level by level with :meth:`step_logp`)."""
+                   cache_k: torch.Tensor, cache_v: torch.Tensor, context: torch.Tensor, steps: int,
+                   top_k: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """A pool of frontier width one (``steps >= 2`` levels: the likeliest token at every depth and its
+        ``top_k - 1`` runner-ups) in one compiled call: ``(tokens [B, steps, top_k]`` target ids, likeliest
+        first, ``logp [B, steps, top_k]`` their edge log-probabilities, ``hidden [B, steps - 1, H]`` the outputs
+        of the steps over the likeliest tokens of depths 1 .. steps - 1), their keys / values written after
+        ``context [B, C]`` in ``cache_k, cache_v``; ``None`` where the compiled step does not run (the caller
+        drafts level by level with :meth:`step_logp`)."""
         compiled = self._compiled()
         if compiled is None or torch.is_grad_enabled() or root_hidden.shape[0] > compiled.max_rows:
             return None
-        return compiled.chain(root_hidden, root_logp, root_pos, cache_k, cache_v, context, steps)
+        return compiled.chain(root_hidden, root_logp, root_pos, cache_k, cache_v, context, steps, top_k)
 
     @torch.no_grad()
     def warm_up(self) -> None:

@@ -88,10 +88,10 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
         prev_hidden: ``[B, H]`` output of the step before the root's; when given, the tree carries
             ``features`` (each node's proposing step output, :func:`proposer_features`).
     """
-    if top_k == 1 and steps >= 2:  # a chain: one compiled call where the compiled step runs
+    if steps >= 2 and min(width or top_k, top_k) == 1:  # frontier width one: one compiled call where it runs
         ctx.reserve(steps - 1)
         got = model.chain_logp(root_hidden, root_logp, root_pos, ctx.k, ctx.v, ctx.allowed.narrow(1, 0, ctx.length),
-                               steps)
+                               steps, top_k)
         if got is not None:
             return _chain_tree(root_tokens, root_hidden, prev_hidden, *got)
     bsz = root_tokens.shape[0]
@@ -128,19 +128,41 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
     return tree
 
 
+def _width_one(steps: int, top_k: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``(parents [N], depth [N], anc [N, N])`` of :func:`build_pool`'s pool at frontier width one: level ``L``
+    holds nodes ``1 + (L - 1) * top_k ..`` (likeliest first), the children of level ``L - 1``'s first node."""
+    n = 1 + steps * top_k
+    level = torch.arange(n, device=device).sub(1).div(top_k, rounding_mode="floor")  # 0-based level, -1 at root
+    first = 1 + (level - 1) * top_k  # the previous level's first node
+    parents = torch.where(level <= 0, torch.zeros_like(level), first)
+    parents[0] = -1
+    depth = level + 1
+    nodes = torch.arange(n, device=device)
+    is_first = (nodes - 1) % top_k == 0
+    # ancestor-or-self: the root, the first nodes of the levels above, itself
+    anc = (nodes[None, :] == 0) | (is_first[None, :] & (depth[None, :] < depth[:, None])) | torch.eye(
+        n, dtype=torch.bool, device=device)
+    return parents, depth, anc
+
+
 def _chain_tree(root_tokens: torch.Tensor, root_hidden: torch.Tensor, prev_hidden: torch.Tensor | None,
                 tokens: torch.Tensor, logp: torch.Tensor, hidden: torch.Tensor) -> DraftTree:
-    """The pool :func:`build_pool` builds for ``top_k = 1`` from :meth:`Eagle3Model.chain_logp`'s outputs
-    (``tokens, logp [B, steps]``, ``hidden [B, steps - 1, H]``): node ``i`` at depth ``i``, its parent ``i - 1``."""
-    bsz, steps = tokens.shape
-    n, dev = steps + 1, tokens.device
-    lp = torch.cat([logp.new_zeros(bsz, 1), logp], dim=1)
-    parents = torch.arange(-1, steps, device=dev).expand(bsz, n).contiguous()
-    tree = DraftTree(tokens=torch.cat([root_tokens[:, None], tokens], dim=1), parents=parents,
-                     depth=torch.arange(n, device=dev).expand(bsz, n).contiguous(), logp=lp, path_logp=lp.cumsum(1),
-                     valid=torch.ones(bsz, n, dtype=torch.bool, device=dev),
-                     anc=torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(bsz, n, n).contiguous())
-    if prev_hidden is not None:
-        states = torch.cat([root_hidden[:, None], hidden, hidden.new_zeros(bsz, 1, hidden.shape[-1])], dim=1)
-        tree.features = proposer_features(parents, states.to(root_hidden.dtype), prev_hidden)
+    """The pool :func:`build_pool` builds at frontier width one from :meth:`Eagle3Model.chain_logp`'s outputs
+    (``tokens, logp [B, steps, top_k]``, ``hidden [B, steps - 1, H]``)."""
+    bsz, steps, top_k = tokens.shape
+    dev = tokens.device
+    parents, depth, anc = _width_one(steps, top_k, dev)
+    n = parents.shape[0]
+    prefix = torch.cat([logp.new_zeros(bsz, 1), logp[:, :-1, 0].cumsum(1)], dim=1)  # the path to each level
+    zero = logp.new_zeros(bsz, 1)
+    parents_b = parents.expand(bsz, n).contiguous()
+    tree = DraftTree(tokens=torch.cat([root_tokens[:, None], tokens.reshape(bsz, -1)], dim=1), parents=parents_b,
+                     depth=depth.expand(bsz, n).contiguous(), logp=torch.cat([zero, logp.reshape(bsz, -1)], dim=1),
+                     path_logp=torch.cat([zero, (prefix[:, :, None] + logp).reshape(bsz, -1)], dim=1),
+                     valid=torch.ones(bsz, n, dtype=torch.bool, device=dev), anc=anc.expand(bsz, n, n).contiguous())
+    if prev_hidden is not None:  # the expanded nodes' states: the root and each level's first node
+        states = hidden.new_zeros(bsz, n, hidden.shape[-1])
+        states[:, 0] = root_hidden
+        states[:, 1:1 + (steps - 1) * top_k:top_k] = hidden
+        tree.features = proposer_features(parents_b, states, prev_hidden)
     return tree
