@@ -12,6 +12,7 @@ context holds only accepted tokens (EAGLE's ``stable_kv``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -128,9 +129,11 @@ def draft_pool(model: Eagle3Model, ctx: TreeContext, root_tokens: torch.Tensor, 
     return tree
 
 
+@lru_cache(maxsize=64)
 def _width_one(steps: int, top_k: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """``(parents [N], depth [N], anc [N, N])`` of :func:`build_pool`'s pool at frontier width one: level ``L``
-    holds nodes ``1 + (L - 1) * top_k ..`` (likeliest first), the children of level ``L - 1``'s first node."""
+    holds nodes ``1 + (L - 1) * top_k ..`` (likeliest first), the children of level ``L - 1``'s first node. Built
+    once per shape (read only: the tree gets copies)."""
     n = 1 + steps * top_k
     level = torch.arange(n, device=device).sub(1).div(top_k, rounding_mode="floor")  # 0-based level, -1 at root
     first = 1 + (level - 1) * top_k  # the previous level's first node
