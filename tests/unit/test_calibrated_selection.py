@@ -15,7 +15,7 @@ from fixtures.tiny import random_prompts
 from specmoe.decoding.acceptance_model import _PRIOR
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
-from specmoe.decoding.node_values import NodeValues, path_values
+from specmoe.decoding.node_values import NodeValues, path_values, path_values_host
 from specmoe.decoding.stopping import StopRule
 from specmoe.decoding.tree_builder import build_pool, pool_size
 from specmoe.interfaces.tree import DraftTree, ancestor_matrix
@@ -92,6 +92,34 @@ def test_calibration_learns_an_underconfident_drafter():
             assert float(edge[i]) < 0.2, (i, float(edge[i]))
     cal = nv.model.calibration(0.0)
     assert cal["n"] > 300 and cal["brier"] < 0.2
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_host_values_are_the_tensor_values(first, monkeypatch):
+    """A small CPU pool's values in plain Python (``path_values_host``, what ``NodeValues.values`` uses there)
+    equal the tensor form on random pools (padding, an inactive row, ties, near-certain and clipped edges) and
+    random weights, the likeliest-child feature with them or without."""
+    from fixtures.random_trees import random_tree
+
+    from specmoe.decoding import node_values
+
+    g = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        tree = random_tree(4, 13, g)
+        tree.logp = (torch.rand(4, 13, generator=g) * 0.98 + 0.01).log()
+        w = torch.randn(5 if first else 4, generator=g)
+        torch.testing.assert_close(path_values_host(tree, w.tolist()), path_values(tree, w), rtol=2e-5, atol=1e-7)
+        # near-certain and clipped edges: logit(q) near q = 1 is ill-conditioned in float32 (the tensor form)
+        tree.logp[0, 1:4] = torch.tensor([-1e-9, -30.0, -1e-3])
+        torch.testing.assert_close(path_values_host(tree, w.tolist()), path_values(tree, w), rtol=2e-2, atol=1e-6)
+    nv = NodeValues()
+    calls = []
+    monkeypatch.setattr(node_values, "path_values_host", lambda *a: calls.append(1) or path_values_host(*a))
+    nv.values(tree, 0.0)
+    assert calls, "a small CPU pool takes the host path"
+    monkeypatch.setattr(node_values, "SCALAR_POOL", 0)
+    nv.values(tree, 0.0)
+    assert len(calls) == 1, "a large pool takes the tensor path"
 
 
 def _chain_vs_sibling_tree() -> DraftTree:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specmoe.decoding.selection import path_experts
+from specmoe.decoding.selection import greedy_select, path_experts, top_closed
 from specmoe.interfaces.tree import DraftTree, ancestor_matrix, close_under_ancestors, is_ancestor_closed
 from specmoe.registry import selectors
 
@@ -103,6 +103,40 @@ def test_confidence_is_top_by_path_probability():
     for b in range(2):
         order = tree.path_logp[b, 1:].argsort(descending=True)[:4] + 1
         assert set(order.tolist()) == set(sel[b].nonzero().squeeze(1).tolist()) - {0}
+
+
+@pytest.mark.parametrize("host", [True, False])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_top_set_without_a_loop_is_the_greedy_frontier_selection(seed, host, monkeypatch):
+    """``top_closed`` (confidence's selection: one sort, no loop over picks; in plain Python for a small CPU pool,
+    else in tensor operations) selects what the greedy frontier loop selects
+    with the same ranking (path value, then shallower, then lower index) on random pools with padding, an
+    inactive row, out-of-depth-order indices and tied values (edge probabilities of 1); a child whose key exceeds
+    its parent's by rounding still gets a closed set."""
+    from fixtures.random_trees import random_tree
+
+    from specmoe.decoding import selection
+
+    calls = []
+    monkeypatch.setattr(selection, "SCALAR_POOL", 10**6 if host else 0)
+    real = selection._top_closed_host
+    monkeypatch.setattr(selection, "_top_closed_host", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(seed)
+    tree = random_tree(4, 14, g)
+    n = tree.num_nodes
+    key = tree.path_logp.double() - tree.depth.double() * 1e-9 - torch.arange(n).double() * 1e-12
+    for budget in (1, 2, 3, 5, 9, 14, 20):
+        greedy = greedy_select(tree, budget, lambda sel: key)
+        assert torch.equal(top_closed(tree, tree.path_logp, budget), greedy), budget
+    bumped = tree.path_logp.clone()
+    child = int((tree.parents[0] > 0).nonzero()[0])
+    bumped[0, child] = bumped[0, tree.parents[0, child]] + 1e-6
+    for budget in (2, 3, 5, 9):
+        sel = top_closed(tree, bumped, budget)
+        assert bool(is_ancestor_closed(tree.parents, sel)[[0, 2, 3]].all())
+        assert (sel.sum(1)[[0, 2, 3]] == torch.minimum(tree.valid.sum(1)[[0, 2, 3]], torch.tensor(budget))).all()
+    assert not top_closed(tree, tree.path_logp, 5)[1].any()  # the inactive row
+    assert bool(calls) == host
 
 
 def test_ecospec_never_has_a_larger_predicted_union_than_confidence_on_average():

@@ -35,9 +35,10 @@ import numpy as np
 import torch
 
 from specmoe.decoding.acceptance_model import AcceptanceModel, temperature_key
+from specmoe.decoding.selection import SCALAR_POOL
 from specmoe.interfaces.tree import DraftTree
 
-__all__ = ["NodeValues", "path_values", "accepted_in_pool"]
+__all__ = ["NodeValues", "path_values", "path_values_host", "accepted_in_pool"]
 
 _CLIP = 1e-6
 _LOG_LO, _LOG_HI = math.log(_CLIP), math.log1p(-_CLIP)
@@ -65,6 +66,40 @@ def path_values(tree: DraftTree, weights: torch.Tensor) -> torch.Tensor:
     w = weights.to(device=lp.device, dtype=torch.float32)
     log_c = torch.nn.functional.logsigmoid(x @ w[1:] + w[0]) * child
     return torch.bmm(tree.ancestors().float(), log_c[:, :, None]).squeeze(-1).exp()
+
+
+def _log_sigmoid(z: float) -> float:
+    return -math.log1p(math.exp(-z)) if z >= 0 else z - math.log1p(math.exp(z))
+
+
+def path_values_host(tree: DraftTree, weights: Sequence[float]) -> torch.Tensor:
+    """:func:`path_values` in plain Python from one host read (float64 inside, float32 out; the same features,
+    clipping and products): for a small pool on the CPU, where its ~20 tensor operations cost ~180 µs and
+    this ~15 µs (the demo's 9-node pool, one thread)."""
+    w = [float(x) for x in weights]
+    first = len(w) == 5
+    out = []
+    for lps, par, dep in zip(tree.logp.tolist(), tree.parents.tolist(), tree.depth.tolist()):
+        n = len(lps)
+        lp = [min(max(x, _LOG_LO), _LOG_HI) for x in lps]
+        q = [math.exp(lp[i]) if par[i] >= 0 else 0.0 for i in range(n)]
+        total, best = [0.0] * n, [0.0] * n
+        for i in range(n):
+            p = max(par[i], 0)
+            total[p] += q[i]
+            best[p] = max(best[p], q[i])
+        s = [0.0] * n
+        for i in range(n):
+            if par[i] < 0:
+                continue
+            p = par[i]
+            share = min(max(lp[i] - math.log(max(total[p], 1e-30)), _LOG_LO), 0.0)
+            z = w[0] + w[1] * (lp[i] - math.log1p(-q[i])) + w[2] * dep[i] + w[3] * share
+            if first:
+                z += w[4] * (1.0 if q[i] >= best[p] else 0.0)
+            s[i] = s[p] + _log_sigmoid(z)
+        out.append([math.exp(v) for v in s])
+    return torch.tensor(out, dtype=torch.float32)
 
 
 def accepted_in_pool(sel: torch.Tensor, order: torch.Tensor, paths: Sequence[Sequence[int]],
@@ -102,7 +137,10 @@ class NodeValues:
         return hit[1]
 
     def values(self, tree: DraftTree, temperature: float) -> torch.Tensor:
-        """``[B, N]`` calibrated path values of ``tree`` (see :func:`path_values`)."""
+        """``[B, N]`` calibrated path values of ``tree`` (see :func:`path_values`; :func:`path_values_host` for a
+        small pool on the CPU, ``B * N <= SCALAR_POOL``)."""
+        if tree.tokens.device.type == "cpu" and tree.batch_size * tree.num_nodes <= SCALAR_POOL:
+            return path_values_host(tree, self.model.weights_for(temperature_key(temperature)))
         return path_values(tree, self.weights(temperature, tree.tokens.device))
 
     def record(self, tree: DraftTree, selected: torch.Tensor, order: torch.Tensor, paths: Sequence[Sequence[int]],

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar, whole_pool
+from specmoe.decoding.selection import top_closed, whole_pool
 from specmoe.interfaces.selector import Selector
 from specmoe.interfaces.tree import DraftTree
 
@@ -23,7 +23,8 @@ class ConfidenceSelector(Selector):
     """Top gamma - 1 nodes by path value (calibrated, or the raw cumulative draft probability).
 
     A child's value never exceeds its parent's, so the top set is ancestor-closed; ties are broken towards
-    shallower nodes (then lower index), which keeps closure when values are equal.
+    shallower nodes (then lower index), which keeps closure when values are equal. One fixed set of tensor
+    operations (:func:`~specmoe.decoding.selection.top_closed`): no host read, no loop over the picks.
     """
 
     description = "EAGLE-2/3 baseline: highest path value (calibrated acceptance; raw P(path) when calibrated: false)"
@@ -43,16 +44,5 @@ class ConfidenceSelector(Selector):
         whole = whole_pool(tree, budget)
         if whole is not None:
             return whole
-        # tiny depth/index penalty breaks exact ties towards the parent side
-        n = tree.num_nodes
-        tie = tree.depth.float() * 1e-9 + torch.arange(n, device=tree.tokens.device).float() * 1e-12
         logv = tree.path_logp if not self.config.calibrated or tree.value is None else tree.value.log()
-        key = (logv.double() - tie.double()).cpu().numpy()
-        if tree.batch_size * n <= SCALAR_POOL:  # small pools: the same greedy in plain Python (cheaper)
-            rows = key.tolist()
-            sel = greedy_scalar(ScalarPool.build(tree), budget, lambda r, i, new: rows[r][i],
-                                shape=tuple(tree.tokens.shape))
-        else:
-            flat = key.reshape(-1)
-            sel = greedy_packed(PackedPool.build(tree), budget, lambda idx, new: flat[idx])
-        return torch.from_numpy(sel).to(tree.tokens.device)
+        return top_closed(tree, logv, budget)
