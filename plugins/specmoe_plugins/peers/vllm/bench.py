@@ -8,9 +8,10 @@ rendered to token ids by specmoe's tokenizer and given to vLLM as ids), greedy, 
 * **vLLM** (its own environment, ``--vllm-python``; ``docker/vllm_env.sh`` makes it), run by subprocess through
   :mod:`specmoe_plugins.peers.vllm.vllm_runner`: no speculation and EAGLE-3 with 1..``--max-drafts`` draft tokens;
 * **specmoe**: ``ar``, EAGLE-3 chains of n drafts (``budget = n + 1, steps = n, top_k = 1``) for the same n,
-  trees at γ 4 and 5 (``--tree-shapes``) with ``confidence`` and ``ecospec``, raw and calibrated
-  (:func:`specmoe.bench.tree.measure`), and ``goodput`` (γ_max the largest tree's budget, the online cost model
-  from its uncalibrated prior, as ``platform bench goodput`` builds it without a cost model).
+  trees at γ 4 and 5 from the top-2 pool and at γ 4, 5 and 6 from the width-1 pool (``--tree-shapes``) with
+  ``confidence`` and ``ecospec``, raw and calibrated (:func:`specmoe.bench.tree.measure`), and ``goodput`` (the
+  largest tree's pool and budget as γ_max, the online cost model from its uncalibrated prior, as ``platform bench
+  goodput`` builds it without a cost model).
 
 **The vLLM plugin** (``plugins/specmoe_vllm``, installed into vLLM's environment by ``docker/vllm_env.sh``):
 with ``--plugin-policy FILE`` (a policy file, ``platform peer export-policy``) or ``--token-table DIR`` (a
@@ -57,7 +58,7 @@ from typing import Any, Iterator
 __all__ = ["add_arguments", "run", "measure", "agreement", "check_draft"]
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
-DEFAULT_TREES = "tree4=4/3/2,tree5=5/4/2,tree4w1=4/3/2/1,tree5w1=5/4/2/1"
+DEFAULT_TREES = "tree4=4/3/2,tree5=5/4/2,tree4w1=4/3/2/1,tree5w1=5/4/2/1,tree6w1=6/5/2/1"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -371,8 +372,12 @@ def run_specmoe(target: Any, args: argparse.Namespace, prompts: list[list[int]])
 
     if args.goodput:
         trees = tree.parse_shapes(args.tree_shapes) if args.tree_shapes else {}
-        budget, steps, top_k, _ = max((trees or parsed).values(), key=lambda v: v[0])  # the largest tree's pool
+        # the largest tree's pool (its frontier too: the width-1 pool where the largest tree has one)
+        budget, steps, top_k, frontier = max((trees or parsed).values(), key=lambda v: v[0])
         drafter = bench_drafter(target, targs)
+        if frontier is not None:
+            drafter = type(drafter)(path=args.drafter_path, frontier=frontier)
+            drafter.setup(target)
         pred = predictors.get(args.predictor)(**({"path": args.predictor_path} if args.predictor_path else {}))
         pred.setup(target)
         sel = selectors.get("goodput")(**json.loads(args.goodput))
