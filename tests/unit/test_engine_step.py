@@ -86,7 +86,8 @@ def test_engine_step_reads_the_device_twice(make_target):
     """Per step at T = 0: the verification pass reads no device values on the host but, on a CPU, the union
     experts loop's per-expert slot counts (one read per MoE layer, free where host and device are one; GPUs take
     grouped_mm, which reads nothing), and the engine's glue (everything but the drafter, predictor and selector)
-    reads twice: the selection, the acceptance."""
+    reads twice: the selection, the acceptance (the node values the selector ranks by count as the selection's:
+    a small CPU pool reads them on the host, where that is free)."""
     from specmoe.bench.engine import count_step_ops
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.registry import drafters, predictors, selectors

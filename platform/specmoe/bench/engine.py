@@ -148,6 +148,8 @@ def count_step_ops(engine: Any, prompt: list[int], new_tokens: int, budget: int)
                     phases.wrap(engine.selector, "select", "select"),
                     phases.wrap(engine.target, "forward", "verify"),
                     phases.wrap(engine, "_analyse", "analysis")]
+            if engine.values is not None:  # the node values the selector ranks by: the selection's work
+                undo.append(phases.wrap(engine.values, "values", "select"))
             if engine.predictor is not None:
                 undo += [phases.wrap(engine.predictor, "observe", "pred"),
                          phases.wrap(engine.predictor, "predict", "pred")]
