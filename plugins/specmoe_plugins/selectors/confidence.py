@@ -23,8 +23,9 @@ class ConfidenceSelector(Selector):
     """Top gamma - 1 nodes by path value (calibrated, or the raw cumulative draft probability).
 
     A child's value never exceeds its parent's, so the top set is ancestor-closed; ties are broken towards
-    shallower nodes (then lower index), which keeps closure when values are equal. One fixed set of tensor
-    operations (:func:`~specmoe.decoding.selection.top_closed`): no host read, no loop over the picks.
+    shallower nodes (then lower index), which keeps closure when values are equal. No loop over the picks
+    (:func:`~specmoe.decoding.selection.top_closed`: plain Python for a small CPU pool, otherwise a fixed set of
+    tensor operations with no host read).
     """
 
     description = "EAGLE-2/3 baseline: highest path value (calibrated acceptance; raw P(path) when calibrated: false)"

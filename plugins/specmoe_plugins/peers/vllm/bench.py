@@ -341,7 +341,7 @@ def run_specmoe(target: Any, args: argparse.Namespace, prompts: list[list[int]])
     from specmoe.decoding.ar import ar_generate
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.decoding.stopping import StopRule
-    from specmoe.registry import predictors, selectors, verifiers
+    from specmoe.registry import drafters, predictors, selectors, verifiers
 
     if getattr(args, "verifier", ""):
         verifiers.get(args.verifier)().install(target)
@@ -374,9 +374,10 @@ def run_specmoe(target: Any, args: argparse.Namespace, prompts: list[list[int]])
         trees = tree.parse_shapes(args.tree_shapes) if args.tree_shapes else {}
         # the largest tree's pool (its frontier too: the width-1 pool where the largest tree has one)
         budget, steps, top_k, frontier = max((trees or parsed).values(), key=lambda v: v[0])
-        drafter = bench_drafter(target, targs)
-        if frontier is not None:
-            drafter = type(drafter)(path=args.drafter_path, frontier=frontier)
+        if frontier is None:
+            drafter = bench_drafter(target, targs)
+        else:
+            drafter = drafters.get(targs.drafter)(path=args.drafter_path, frontier=frontier)
             drafter.setup(target)
         pred = predictors.get(args.predictor)(**({"path": args.predictor_path} if args.predictor_path else {}))
         pred.setup(target)
