@@ -160,9 +160,10 @@ def test_backoff_schedule():
     assert floor.ar_rate(1) == pytest.approx(100.0) and floor.ar_rate(3) == pytest.approx(100.0)
     floor.begin(4, 0.0)  # another regime starts fresh
     assert floor.speculate() and floor.ar_rate(1) is None
-    # the wait is at least what keeps failed probes under `tolerance` of the time, charged by the measured
-    # step: a probe that took 0.3 s and committed one token, against AR steps of 0.1 s, lost 2 AR steps'
-    # worth -> >= ceil(2 / 0.05) = 40 steps (whatever its plan predicted)
+    # once EVIDENCE decided steps showed that speculation does not pay, the wait is at least what keeps failed
+    # probes under `tolerance` of the time, charged by the measured step: a probe that took 0.3 s and committed
+    # one token, against AR steps of 0.1 s, lost 2 AR steps' worth -> >= ceil(2 / 0.05) = 40 steps (whatever its
+    # plan predicted); before that, the back-off alone
     costly = ARFloor(margin=1.0, probe_after=4, probe_max=64, tolerance=0.05)
     costly.begin(1, 0.0)
     waits = []
@@ -171,7 +172,7 @@ def test_backoff_schedule():
         assert costly.state.wait in (4, 8, 16, 32, 64)  # the back-off until the step is measured
         costly.observe_step(0.3, 1, 1)
         waits.append(costly.state.wait)
-    assert waits == [40, 40, 40, 40, 64, 64, 64]
+    assert waits == [4, 8, 16, 40, 64, 64, 64]
     costly.observe_step(10.0, 1, 1)  # charged once per fall-back
     assert costly.state.wait == 64
     costly.decide(2.9, 0.3, 1, predicted_ar_rate=10.0)  # a near miss after a reset: the back-off alone
@@ -196,13 +197,11 @@ def test_a_provisional_plan_decides_nothing():
     assert floor.counts == {"speculate": 0, "fall_back": 1, "provisional": 1}
 
 
-
-
 def test_a_catch_up_is_charged_only_where_speculation_does_not_pay():
     """The first step of a generation drafts the whole prompt, a catch-up paid once whenever speculation
-    starts. Where speculation pays (recent decided steps, catch-ups left out, beat AR; assumed until 4 were
-    seen) a failed probe is charged its steady-state loss only, nothing once 4 steps showed it pays; where it
-    does not, the whole step."""
+    starts. Until EVIDENCE (4) decided steps were seen, and where they showed that speculation pays (catch-ups
+    left out, they beat AR), a failed probe waits the back-off alone; where they showed it does not pay, it is
+    charged the whole step, catch-up included."""
     def probe(floor, seconds, tokens, catch_up):
         assert not floor.decide(1.0, 0.2, 1, predicted_ar_rate=1.0, catch_up=catch_up)
         floor.observe_step(seconds, tokens, 1)
@@ -214,9 +213,9 @@ def test_a_catch_up_is_charged_only_where_speculation_does_not_pay():
         floor.observe_ar(1, 0.1)  # AR: 10 tokens/s
         return floor
 
-    # no evidence yet: 0.5 s for 1 token with a 0.2 s catch-up lost 2 AR steps without it -> 40 (80 with it)
-    assert probe(fresh(), 0.5, 1, 0.2) == 40
-    # 0.5 s for 4 tokens: 0.3 s without the catch-up beat AR (3 tokens' time) -> the back-off only
+    # no evidence yet (fewer than EVIDENCE decided steps): one step cannot tell a bad step from a regime that
+    # does not pay -> the back-off alone, even for 0.5 s and 1 token (2 AR steps lost without the catch-up)
+    assert probe(fresh(), 0.5, 1, 0.2) == 4
     assert probe(fresh(), 0.5, 4, 0.2) == 4
     losing = fresh()
     for _ in range(4):  # speculation does not pay here: steps of 0.3 s commit 1 token

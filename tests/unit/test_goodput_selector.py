@@ -44,8 +44,7 @@ def test_packed_goodput_equals_literal_rate_search(stop, bsz, n, layers, n_exp, 
         b0 = torch.rand(layers, n_exp, generator=g) < 0.2 if trial % 3 == 2 else None
         sel = make(stop=stop)
         ctx = SelectionContext(kv_slots=100, t_draft=2e-3, t_pred=5e-4)
-        acc = torch.from_numpy(sel.acceptance.predict_paths(tree.path_logp.numpy(), tree.parents.numpy(),
-                                                            tree.depth.numpy(), 0.0))
+        acc = torch.from_numpy(sel.path_acceptance(tree, 0.0))  # what the plan prices (host form at batch 1)
         for budget in (1, 3, 6, n + 2) if bsz == 1 else (1, 3, 6):  # the literal search is slow
             plan = sel.plan(tree, budget, ex, b0, ctx)
             want, want_rate = ref.goodput(tree, budget, ex, COEF, acc, buffer=b0, t_fixed=2.5e-3, kv_slots=100,
@@ -69,12 +68,28 @@ def test_token_only_ablation_equals_literal_search_and_needs_no_experts(bsz):
         sel = make(expert_cost=False)
         sel.cost.meta.update(meta)
         assert not sel.needs_experts
-        acc = torch.from_numpy(sel.acceptance.predict_paths(tree.path_logp.numpy(), tree.parents.numpy(),
-                                                            tree.depth.numpy(), 0.0))
+        acc = torch.from_numpy(sel.path_acceptance(tree, 0.0))
         plan = sel.plan(tree, 5, None, None, SelectionContext(t_draft=1e-3, t_pred=0.0))
         want, want_rate = ref.goodput(tree, 5, None, COEF, acc, t_fixed=1e-3, expected_union=union)
         assert torch.equal(plan.selected, want)
         assert plan.expected_rate == pytest.approx(want_rate, rel=1e-9)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_the_plain_python_path_acceptances_are_the_models(first):
+    """A small pool's path acceptances in plain Python (what the plan prices at batch 1) are the acceptance
+    model's (float64 both; they differ by the rounding of the float32 path log-probabilities' differences)."""
+    g = torch.Generator().manual_seed(11)
+    sel = make(acceptance_first=first)
+    sel.acceptance.weights[0.0] = np.array([1.2, 0.8, -0.1, 0.6, 1.5][:5 if first else 4])
+    for trial in range(8):
+        tree = random_tree(1, 11 + trial, g, padding=trial % 2 == 1)
+        host = sel.path_acceptance(tree, 0.0, small=True)
+        model = sel.path_acceptance(tree, 0.0, small=False)
+        assert sel.path_acceptance(tree, 0.0).shape == host.shape == (1, 11 + trial)
+        v = tree.valid.numpy()
+        np.testing.assert_allclose(host[v], model[v], rtol=1e-5)
+        assert np.all(host[:, 0] == 1.0)
 
 
 def test_plan_pricing_and_select_contract():
@@ -174,7 +189,8 @@ def test_explore_verifies_the_likeliest_child_when_drafts_do_not_pay():
 def test_a_catch_up_step_is_priced_as_a_speculative_stretch():
     """The first step of a generation (or after AR steps) absorbs many committed tokens: its measured draft
     seconds are a catch-up the next steps do not pay. Without a fit of draft seconds on absorbed tokens the
-    plan is provisional; with one, the plan prices the draft at the stretch's width (the accepted paths seen)."""
+    plan is provisional; with one, the plan prices the draft at the stretch's width (the accepted paths seen),
+    a steady step's too."""
     g = torch.Generator().manual_seed(4)
     tree = random_tree(1, 11, g, padding=False)
     ex = random_sets(1, 11, 4, 16, 2, g)
@@ -200,6 +216,11 @@ def test_a_catch_up_step_is_priced_as_a_speculative_stretch():
     assert priced.catch_up == pytest.approx(10e-3 - 2.1e-3, rel=1e-3)  # what the price left out, for the floor
     assert sel.plan(tree, 4, ex, None, SelectionContext(kv_slots=100, t_draft=1e-3, t_pred=0.0,
                                                         absorbed=80)).catch_up == 0.0  # cheaper than the fit
+    # a steady step whose draft happened to be slow (the machine): that draft is paid, the plan prices the steps
+    # to come by the fit, so one slow moment does not make the AR floor fall back
+    slow = sel.plan(tree, 4, ex, None, SelectionContext(kv_slots=100, t_draft=20e-3, t_pred=0.0, absorbed=1))
+    assert not slow.provisional and slow.catch_up == 0.0
+    assert slow.t_step - (slow.t_verify + 1e-4) == pytest.approx(2.1e-3, rel=1e-3)
 
 
 def test_a_calibration_keeps_the_price_of_passes_the_window_has_not_seen(tmp_path):

@@ -8,30 +8,33 @@ second of the engine's own recent AR steps at that row count; the selector's pre
 measured). Below ``margin`` x the AR rate the engine takes AR steps (no drafting, no predictor, no selection),
 then probes speculation again with one speculative step.
 
-Probe schedule: exponential back-off in steps, never shorter than what keeps failed probes cheap. A failed probe
-(a speculative step whose plan did not pay) lost ``loss = (T_probe x AR rate - tokens) / rows`` AR steps' worth of
+Probe schedule: exponential back-off in steps, never shorter than what keeps failed probes cheap. A failed probe (a
+speculative step whose plan did not pay) lost ``loss = (T_probe x AR rate - tokens) / rows`` AR steps' worth of
 tokens, *measured* once the step is over (``T_probe`` its seconds, ``tokens`` what it committed):
-:meth:`ARFloor.observe_step`. A probe's seconds hold its catch-up (the plan's ``catch_up``: drafting the prompt,
-or the tokens of the AR steps before it, beyond what a step of a speculative stretch drafts), paid once whenever
-speculation starts again. Where speculation pays in the regime (its recent decided speculative steps, catch-ups
-left out, committed at least as many tokens as AR steps would have in their time; assumed until 4 such steps were
-seen), the catch-up is an investment, not a loss, and a failed probe is charged its steady-state loss only (often
-none: the plan was pessimistic); once 4 such steps *showed* that it pays, a fall-back is a bad step in a good
-stretch (a hard token whose draft looked poor) and waits the back-off alone: charging it ``loss / tolerance``
-kept the demo's batch-2 regime, where speculation beat AR by ~10 %, on AR for ~100 steps after each such step.
-Where it does not pay, the whole step is charged, catch-up included: entering
-speculation costs the catch-up every time (on the demo at batch 1, drafting the ~600-token prompt costs ~3 AR
-steps, ~3 % of a 96-token generation). Charging the catch-up always made the first step of a generation at batch 4
-(~10 AR steps' worth) wait ~1,000 steps, the rest of the evaluation cell, where EAGLE-3 beats AR by 5-14 %; never
-charging it would make every generation pay it at T = 1, where every fixed γ loses 2-3x. After it the engine waits
-``max(backoff, ceil(loss / tolerance))`` AR steps, where ``backoff`` starts at ``probe_after`` and doubles with
-each consecutive failure up to ``probe_max``; a probe whose plan pays resets it. So failed probes never cost more
-than ``tolerance`` of the decoding time (1 % by default, half the issue's 0.98x AR floor: the other half is for
-the engine's AR steps, which cost what ``ar``'s do): an expensive probe (an untrained drafter whose step costs ~10
-AR steps and yields ~1 token) waits ~900 steps, while a probe that only just missed (a bad step in a good stretch)
-waits ``probe_after`` steps and the back-off handles noise. Cascade and TCP make the same trade between overhead
-and reaction time. The state persists across generations of one engine, per (batch size, temperature), so a new
-prompt does not pay a fresh series of probes.
+:meth:`ARFloor.observe_step`. A probe's seconds hold its catch-up (the plan's ``catch_up``: drafting the prompt, or
+the tokens of the AR steps before it, beyond what a step of a speculative stretch drafts), paid once whenever
+speculation starts again. Until :data:`EVIDENCE` (4) decided speculative steps of the regime were measured, a
+failed probe waits the back-off alone: one step's loss does not tell a bad step (a hard token, the first step of a
+generation, a slow moment of the machine) from a regime where speculation does not pay, and charging it ``loss /
+tolerance`` from the first step kept the demo's batch-1 regime (where a chain of 5 drafts runs ~1.4x AR) on AR for
+150-400 steps after a first probe whose plan underestimated the draft (65-86 % of the steps of a 16-prompt cell on
+the floor); the first ``EVIDENCE`` probes cost at most a few AR steps per regime, whose state lasts for the
+engine's life. Where speculation then pays (its recent decided speculative steps, catch-ups left out, committed at
+least as many tokens as AR steps would have in their time), a fall-back is a bad step in a good stretch and waits
+the back-off alone too: charging it ``loss / tolerance`` kept the demo's batch-2 regime, where speculation beat AR
+by ~10 %, on AR for ~100 steps after each such step. Where it does not pay, the whole step is charged, catch-up
+included: entering speculation costs the catch-up every time (on the demo at batch 1, drafting the ~600-token
+prompt costs ~3 AR steps, ~3 % of a 96-token generation). Charging the catch-up always made the first step of a
+generation at batch 4 (~10 AR steps' worth) wait ~1,000 steps, the rest of the evaluation cell, where EAGLE-3 beats
+AR by 5-14 %; never charging it would make every generation pay it at T = 1, where every fixed γ loses 2-3x. After
+it the engine waits ``max(backoff, ceil(loss / tolerance))`` AR steps, where ``backoff`` starts at ``probe_after``
+and doubles with each consecutive failure up to ``probe_max``; a probe whose plan pays resets it. So failed probes,
+beyond a regime's first ``EVIDENCE``, never cost more than ``tolerance`` of the decoding time (1 % by default, half
+the issue's 0.98x AR floor: the other half is for the engine's AR steps, which cost what ``ar``'s do): an expensive
+probe (an untrained drafter whose step costs ~10 AR steps and yields ~1 token) waits ~900 steps, while a probe that
+only just missed (a bad step in a good stretch) waits ``probe_after`` steps and the back-off handles noise. Cascade
+and TCP make the same trade between overhead and reaction time. The state persists across generations of one
+engine, per (batch size, temperature), so a new prompt does not pay a fresh series of probes.
 
 Realisation factor: the plan's rate is the selector's forecast, and a forecast can be biased in one regime
 (an acceptance model still learning a batch size, a cost model extrapolating to a token count it has not seen
@@ -54,7 +57,11 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["ARFloor", "FloorState"]
+__all__ = ["ARFloor", "FloorState", "EVIDENCE"]
+
+#: decided speculative steps of a regime before the floor trusts what they show (whether speculation pays, how
+#: far the plans are off)
+EVIDENCE = 4
 
 
 @dataclass
@@ -170,11 +177,11 @@ class ARFloor:
 
     def observe_step(self, seconds: float, tokens: int, rows: int, truncated: bool = False) -> None:
         """A speculative step is over (``seconds`` measured, ``tokens`` committed over ``rows`` active rows):
-        recorded for :meth:`pays` and :meth:`realisation` when its plan decided; if its plan fell back, wait at
-        least ``loss / tolerance`` AR steps, the catch-up charged only where speculation does not pay, nothing
-        where it was seen to pay (module docstring). A ``truncated`` step (a row's stop rule cut its tokens: the
-        last step of a generation often has one token left to commit) says nothing about speculation: neither
-        recorded nor charged."""
+        recorded for :meth:`pays` and :meth:`realisation` when its plan decided; if its plan fell back and
+        :data:`EVIDENCE` decided steps showed that speculation does not pay here, wait at least ``loss /
+        tolerance`` AR steps, the catch-up included (else the back-off alone; module docstring). A ``truncated``
+        step (a row's stop rule cut its tokens: the last step of a generation often has one token left to commit)
+        says nothing about speculation: neither recorded nor charged."""
         st = self.state
         failed, st.failed = st.failed, False
         if not st.decided or truncated:
@@ -186,14 +193,12 @@ class ARFloor:
         st.forecasts.append((float(tokens), steady_s, *st.plan))
         if not failed or self.tolerance <= 0:
             return
-        if len(st.realised) >= 4 and self.pays():  # a bad step in a paying stretch: the back-off alone
+        if len(st.realised) < EVIDENCE or self.pays():  # not yet known, or a bad step in a paying stretch
             return
-        loss = (steady - tokens) / max(rows, 1)  # AR steps' worth
-        if not self.pays():
-            loss = (seconds * ar - tokens) / max(rows, 1)
+        loss = (seconds * ar - tokens) / max(rows, 1)  # AR steps' worth, the catch-up included
         st.wait = max(st.wait, math.ceil(loss / self.tolerance))
 
-    def realisation(self, evidence: int = 4) -> float:
+    def realisation(self, evidence: int = EVIDENCE) -> float:
         """Realised over planned rate of the regime's recent decided speculative steps (1 until ``evidence``
         steps; clamped to [0.5, 2])."""
         seen = self.state.forecasts
@@ -204,7 +209,7 @@ class ARFloor:
             return 1.0
         return min(max((tokens / seconds) / (expected / planned), 0.5), 2.0)
 
-    def pays(self, evidence: int = 4) -> bool:
+    def pays(self, evidence: int = EVIDENCE) -> bool:
         """Whether speculation pays in this regime: its recent decided speculative steps committed at least
         the tokens AR steps would have in their time (catch-ups left out); True until ``evidence`` steps."""
         seen = self.state.realised

@@ -38,7 +38,7 @@ from specmoe.decoding.acceptance_model import AcceptanceModel, temperature_key
 from specmoe.decoding.selection import SCALAR_POOL
 from specmoe.interfaces.tree import DraftTree
 
-__all__ = ["NodeValues", "path_values", "path_values_host", "accepted_in_pool"]
+__all__ = ["NodeValues", "path_values", "path_values_host", "path_values_lists", "accepted_in_pool"]
 
 _CLIP = 1e-6
 _LOG_LO, _LOG_HI = math.log(_CLIP), math.log1p(-_CLIP)
@@ -76,6 +76,11 @@ def path_values_host(tree: DraftTree, weights: Sequence[float]) -> torch.Tensor:
     """:func:`path_values` in plain Python from one host read (float64 inside, float32 out; the same features,
     clipping and products): for a small pool on the CPU, where its ~20 tensor operations cost ~180 µs and
     this ~28 µs (the demo's 9-node pool, warm, one thread of an AMD EPYC Zen 3)."""
+    return torch.tensor(path_values_lists(tree, weights), dtype=torch.float32)
+
+
+def path_values_lists(tree: DraftTree, weights: Sequence[float]) -> list[list[float]]:
+    """:func:`path_values_host`'s float64 values as ``B`` lists of ``N`` floats (padding nodes: unspecified)."""
     w = [float(x) for x in weights]
     first = len(w) == 5
     out = []
@@ -99,7 +104,7 @@ def path_values_host(tree: DraftTree, weights: Sequence[float]) -> torch.Tensor:
                 z += w[4] * (1.0 if q[i] >= best[p] else 0.0)
             s[i] = s[p] + _log_sigmoid(z)
         out.append([math.exp(v) for v in s])
-    return torch.tensor(out, dtype=torch.float32)
+    return out
 
 
 def accepted_in_pool(sel: torch.Tensor, order: torch.Tensor, paths: Sequence[Sequence[int]],

@@ -162,6 +162,8 @@ class CostModel:
         # part -> rows -> (absorbed tokens per row or NaN when unknown, seconds)
         self._parts: dict[str, dict[int, deque[tuple[float, float]]]] = {p: {} for p in self.PARTS}
         self._part_fits: dict[tuple[str, int], np.ndarray | None] = {}  # cached (a, b) of a + b * absorbed
+        self._part_medians: dict[tuple[str, int], float] = {}  # cached medians of a part's window
+        self._part_new: dict[tuple[str, int], int] = {}  # observations since the cached fit / median
         for part, by_rows in (overheads or {}).items():
             for rows, sec in by_rows.items():
                 self._parts[part].setdefault(int(rows), deque(maxlen=window)).append((float("nan"), float(sec)))
@@ -231,14 +233,24 @@ class CostModel:
     # ---------------------------------------------------------------- other parts of a step
     def observe_parts(self, rows: int, absorbed: int | None = None, **seconds: float | None) -> None:
         """Record measured ``t_draft`` / ``t_pred`` / ``t_select`` of a step with ``rows`` batch rows whose
-        drafter and predictor absorbed ``absorbed`` committed tokens per row (``None``: unknown)."""
+        drafter and predictor absorbed ``absorbed`` committed tokens per row (``None``: unknown). The part's fit
+        and median are recomputed at the next prediction after each of the first ``refit_every`` observations
+        (and the fit while there is none), then after every ``refit_every`` new ones: each recomputation reads the
+        window, ~0.5 ms a step for the draft's and the predictor's fits when it ran after every observation."""
         for part, sec in seconds.items():
             if part not in self._parts:
                 raise ValueError(f"unknown step part '{part}'; one of {self.PARTS}")
             if sec is not None:
-                self._parts[part].setdefault(int(rows), deque(maxlen=self.window)).append(
-                    (float("nan") if absorbed is None else float(absorbed), float(sec)))
-                self._part_fits.pop((part, int(rows)), None)
+                key = (part, int(rows))
+                win = self._parts[part].setdefault(key[1], deque(maxlen=self.window))
+                win.append((float("nan") if absorbed is None else float(absorbed), float(sec)))
+                self._part_new[key] = self._part_new.get(key, 0) + 1
+                if self._part_new[key] >= self.refit_every or len(win) <= self.refit_every:
+                    self._part_fits.pop(key, None)
+                    self._part_medians.pop(key, None)
+                    self._part_new[key] = 0
+                elif key in self._part_fits and self._part_fits[key] is None:  # no fit yet: try again
+                    del self._part_fits[key]
 
     def predict_part(self, part: str, rows: int, absorbed: int | None = None) -> float:
         """Seconds of ``part`` at ``rows`` batch rows (else at the nearest observed batch size; 0 if none):
@@ -250,7 +262,9 @@ class CostModel:
         if fit is not None:
             return fit
         key = rows if rows in by_rows else min(by_rows, key=lambda r: (abs(r - rows), r))
-        return float(statistics.median(sec for _, sec in by_rows[key]))
+        if (part, key) not in self._part_medians:
+            self._part_medians[(part, key)] = float(statistics.median(sec for _, sec in by_rows[key]))
+        return self._part_medians[(part, key)]
 
     def part_at(self, part: str, rows: int, absorbed: int) -> float | None:
         """``a + b * absorbed`` fitted on the window of ``part`` at ``rows`` (nearest observed batch size), or

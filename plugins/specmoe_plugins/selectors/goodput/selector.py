@@ -31,6 +31,7 @@ AR rate (``ar_floor``, :mod:`specmoe.decoding.ar_floor`). Until the first refits
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ import torch
 
 from specmoe.decoding.acceptance_model import AcceptanceModel, temperature_key
 from specmoe.decoding.bitsets import pack_sets, popcount_rows
+from specmoe.decoding.node_values import path_values_lists
 from specmoe.decoding.selection import SCALAR_POOL, PackedPool, ScalarPool, greedy_packed, greedy_scalar
 from specmoe.errors import UserError
 from specmoe.interfaces.selection import AdaptiveSelector, FloorOptions, SelectionContext, SelectionPlan, StepOutcome
@@ -135,12 +137,31 @@ class GoodputSelector(AdaptiveSelector):
             self.cost = CostModel.from_dict(d, window=cfg.cost_window, prior_weight=cfg.cost_prior_weight)
         except ValueError as exc:
             raise UserError(f"selector goodput, coefficients: {exc}") from exc
-        self.acceptance = AcceptanceModel(window=cfg.acceptance_window, first=cfg.acceptance_first)
+        self._acceptance = AcceptanceModel(window=cfg.acceptance_window, first=cfg.acceptance_first)
+        self._outcomes: list[tuple] = []  # steps' edge outcomes not yet handed to the acceptance model
         self.needs_experts = cfg.expert_cost
         self._unions: dict[int, deque[float]] = {}  # tokens per pass -> observed expert-layers
         self._last_select = 0.0
         self._absorbed: deque[int] = deque(maxlen=64)  # longest accepted path per speculative step
         self._explored: dict[float, int] = {}  # temperature key -> exploring plans (``explore_outcomes``)
+
+    #: speculative steps whose edge outcomes are handed to the acceptance model in one call (its features and
+    #: window cost ~0.5 ms per call on the demo's pools, whatever the size; it refits every ~128 outcomes anyway)
+    OUTCOME_BATCH = 8
+
+    @property
+    def acceptance(self) -> AcceptanceModel:
+        """The acceptance model, with every observed step's outcomes in it."""
+        self._flush_outcomes()
+        return self._acceptance
+
+    def _flush_outcomes(self) -> None:
+        if not self._outcomes:
+            return
+        temperature = self._outcomes[0][-1]
+        host = [torch.cat([o[i] for o in self._outcomes], dim=0).cpu().numpy() for i in range(5)]
+        self._outcomes.clear()
+        self._acceptance.observe_paths(*host, temperature)
 
     # ---------------------------------------------------------------- pricing helpers
     def expected_expert_layers(self, tokens: int) -> float:
@@ -148,7 +169,7 @@ class GoodputSelector(AdaptiveSelector):
         over the cost model's ``layers`` / ``experts`` / ``top_k`` (0 when those are unknown)."""
         seen = self._unions.get(tokens)
         if seen:
-            return float(np.mean(seen))
+            return statistics.fmean(seen)
         meta = self.cost.meta
         if not all(k in meta for k in ("layers", "experts", "top_k")):
             return 0.0
@@ -168,30 +189,37 @@ class GoodputSelector(AdaptiveSelector):
     def steady_absorbed(self) -> int:
         """Committed tokens per row a step of a speculative stretch absorbs: the median, over recent steps, of
         the longest accepted path (+ bonus) of the step before (2 before any was seen)."""
-        return int(np.median(self._absorbed)) if self._absorbed else 2
+        return int(statistics.median(self._absorbed)) if self._absorbed else 2
 
     def _fixed_seconds(self, ctx: SelectionContext, rows: int) -> tuple[float, bool, float]:
         """``T_draft + T_pred + T_select`` of a step of a speculative stretch, whether that is provisional, and
         the measured seconds it left out (the catch-up).
 
-        A step that first absorbed more committed tokens than a speculative stretch does (the prompt, or the
-        tokens of AR steps) measured a catch-up that the steps to come will not pay: its seconds are replaced
-        by the cost model's ``a + b * absorbed`` at the stretch's width when that fit exists; else the measured
-        seconds are used and the price is provisional (an AR floor does not decide on it)."""
+        The plan prices the steps to come, not the one in hand (its draft and prediction are paid when the plan
+        is made): each part is the cost model's ``a + b * absorbed`` at the stretch's width where that fit is
+        below this step's measurement (a slow moment of the machine, or a catch-up), else the measurement (a fit
+        can be far off: one compiling first step in its window made it 0.2-0.3 s for ~8 ms drafts). A step that
+        absorbed more committed tokens than a speculative stretch does (the prompt, or the tokens of AR steps)
+        measured a catch-up that the steps to come will not pay: what it measured beyond the fit is the
+        catch-up. Without a fit the measured seconds are used, and a catch-up step's price is provisional (an AR
+        floor does not decide on it). Pricing a steady step by its measurement alone made one slow draft a
+        fall-back: on the demo at batch 1 the plans that fell back priced 33-41 ms for steps of ~25 ms, and every
+        fall-back waits the back-off."""
         cm, steady = self.cost, self.steady_absorbed()
         total, provisional, catch_up = cm.predict_part("t_select", rows), False, 0.0
+        catching_up = ctx.absorbed is not None and ctx.absorbed > steady
         for part, measured in (("t_draft", ctx.t_draft), ("t_pred", ctx.t_pred)):
             if measured is None:
                 total += cm.predict_part(part, rows, absorbed=steady)
                 continue
-            if ctx.absorbed is not None and ctx.absorbed > steady and measured > 0:
-                fit = cm.part_at(part, rows, steady)
-                if fit is None:
-                    provisional = True
-                elif fit < measured:
-                    catch_up += measured - fit
-                    measured = fit
-            total += measured
+            fit = cm.part_at(part, rows, steady)
+            if fit is None:
+                provisional = provisional or (catching_up and measured > 0)
+                total += measured
+                continue
+            if catching_up and fit < measured:
+                catch_up += measured - fit
+            total += min(fit, measured)
         return total, provisional, catch_up
 
     # ---------------------------------------------------------------- selection
@@ -216,8 +244,7 @@ class GoodputSelector(AdaptiveSelector):
         scalar = (ScalarPool.build(tree, sets, parents=parents, valid=valid) if b == 1 and n <= SCALAR_POOL
                   else None)
         pool = PackedPool.build(tree, sets) if scalar is None else None
-        acc = self.acceptance.predict_paths(tree.path_logp.detach().cpu().numpy(), parents,
-                                            tree.depth.detach().cpu().numpy(), ctx.temperature).reshape(-1)
+        acc = self.path_acceptance(tree, ctx.temperature, small=scalar is not None).reshape(-1)
         b0, e0 = self._roots_experts(experts, buffer, scalar, pool, live, n_live)
         t_fixed, provisional, catch_up = self._fixed_seconds(ctx, b)
         t_ar = self.cost.predict_verify(VerifyShape(tokens=n_live, expert_layers=e0, rows=b, width=1,
@@ -240,8 +267,8 @@ class GoodputSelector(AdaptiveSelector):
         if cfg.explore and gmax >= 2:
             self._explore(sel, parents, valid, live, acc)
         key = temperature_key(ctx.temperature)
-        if (gmax >= 2 and self.acceptance.outcomes(ctx.temperature) < cfg.explore_outcomes
-                and self._explored.get(key, 0) < -(-cfg.explore_outcomes // (gmax - 1))):
+        if (gmax >= 2 and self._explored.get(key, 0) < -(-cfg.explore_outcomes // (gmax - 1))
+                and self.acceptance.outcomes(ctx.temperature) < cfg.explore_outcomes):
             self._explored[key] = self._explored.get(key, 0) + 1
             self._likeliest(sel, parents, valid, live, acc, gmax)
             provisional = True
@@ -254,6 +281,19 @@ class GoodputSelector(AdaptiveSelector):
             t_verify=float(t_verify), t_step=float(t_fixed + t_verify), expected_rate=float(rate),
             ar_rate=n_live / t_ar if t_ar > 0 else float("inf"), provisional=provisional, catch_up=catch_up)
         return self.last_plan
+
+    def path_acceptance(self, tree: DraftTree, temperature: float, small: bool | None = None) -> np.ndarray:
+        """``[B, N]`` float64 path acceptances the plan prices (:meth:`AcceptanceModel.predict_paths`); for a
+        small pool (``small``, default: batch 1 of at most ``SCALAR_POOL`` nodes, where the plan's greedy runs in
+        plain Python too) the same values in plain Python (:func:`~specmoe.decoding.node_values.path_values_lists`,
+        ~60 against ~300-450 µs for the demo's 11-node pool on a Zen 3 core)."""
+        if small is None:
+            small = tree.batch_size == 1 and tree.num_nodes <= SCALAR_POOL
+        if small:
+            return np.asarray(path_values_lists(tree, self._acceptance.weights_for(temperature)), dtype=np.float64)
+        return self._acceptance.predict_paths(tree.path_logp.detach().cpu().numpy(),
+                                             tree.parents.detach().cpu().numpy(),
+                                             tree.depth.detach().cpu().numpy(), temperature)
 
     def _roots_experts(self, experts: torch.Tensor | None, buffer: torch.Tensor | None,
                        scalar: ScalarPool | None, pool: PackedPool | None, live: np.ndarray,
@@ -311,7 +351,11 @@ class GoodputSelector(AdaptiveSelector):
             self._absorbed.append(int(outcome.accepted.sum(dim=1).max()))
         if outcome.tree is not None and outcome.selected is not None and outcome.accepted is not None:
             tree = outcome.tree
-            self.acceptance.observe_paths(tree.path_logp.detach().cpu().numpy(), tree.parents.detach().cpu().numpy(),
-                                          tree.depth.detach().cpu().numpy(),
-                                          (outcome.selected & tree.valid).detach().cpu().numpy(),
-                                          outcome.accepted.detach().cpu().numpy(), outcome.temperature)
+            if self._outcomes and (self._outcomes[0][0].shape[1:] != tree.path_logp.shape[1:]
+                                   or self._outcomes[0][-1] != outcome.temperature):
+                self._flush_outcomes()
+            self._outcomes.append((tree.path_logp.detach(), tree.parents.detach(), tree.depth.detach(),
+                                   (outcome.selected & tree.valid).detach(), outcome.accepted.detach(),
+                                   outcome.temperature))
+            if len(self._outcomes) >= self.OUTCOME_BATCH:
+                self._flush_outcomes()
