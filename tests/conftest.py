@@ -53,7 +53,7 @@ def _seeded():
 def compiled():
     """Request it to run the test with compiled decoding passes (``SPECMOE_COMPILE=1``, the product's default);
     every other test runs the eager passes: each compiled target costs a compilation (tens of seconds cold),
-    and ``tests/unit/test_compiled_pass.py`` holds the compiled path to the eager one and to losslessness."""
+    and ``tests/unit/test_compiled_{pass,draft}.py`` hold the compiled path to the eager one and to losslessness."""
     return True
 
 
