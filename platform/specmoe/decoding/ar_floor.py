@@ -17,24 +17,25 @@ speculation starts again. Until :data:`EVIDENCE` (4) decided speculative steps o
 failed probe waits the back-off alone: one step's loss does not tell a bad step (a hard token, the first step of a
 generation, a slow moment of the machine) from a regime where speculation does not pay, and charging it ``loss /
 tolerance`` from the first step kept the demo's batch-1 regime (where a chain of 5 drafts runs ~1.4x AR) on AR for
-150-400 steps after a first probe whose plan underestimated the draft (65-86 % of the steps of a 16-prompt cell on
-the floor); the first ``EVIDENCE`` probes cost at most a few AR steps per regime, whose state lasts for the
-engine's life. Where speculation then pays (its recent decided speculative steps, catch-ups left out, committed at
-least as many tokens as AR steps would have in their time), a fall-back is a bad step in a good stretch and waits
-the back-off alone too: charging it ``loss / tolerance`` kept the demo's batch-2 regime, where speculation beat AR
-by ~10 %, on AR for ~100 steps after each such step. Where it does not pay, the whole step is charged, catch-up
-included: entering speculation costs the catch-up every time (on the demo at batch 1, drafting the ~600-token
-prompt costs ~3 AR steps, ~3 % of a 96-token generation). Charging the catch-up always made the first step of a
-generation at batch 4 (~10 AR steps' worth) wait ~1,000 steps, the rest of the evaluation cell, where EAGLE-3 beats
-AR by 5-14 %; never charging it would make every generation pay it at T = 1, where every fixed γ loses 2-3x. After
-it the engine waits ``max(backoff, ceil(loss / tolerance))`` AR steps, where ``backoff`` starts at ``probe_after``
-and doubles with each consecutive failure up to ``probe_max``; a probe whose plan pays resets it. So failed probes,
-beyond a regime's first ``EVIDENCE``, never cost more than ``tolerance`` of the decoding time (1 % by default, half
-the issue's 0.98x AR floor: the other half is for the engine's AR steps, which cost what ``ar``'s do): an expensive
-probe (an untrained drafter whose step costs ~10 AR steps and yields ~1 token) waits ~900 steps, while a probe that
-only just missed (a bad step in a good stretch) waits ``probe_after`` steps and the back-off handles noise. Cascade
-and TCP make the same trade between overhead and reaction time. The state persists across generations of one
-engine, per (batch size, temperature), so a new prompt does not pay a fresh series of probes.
+150-400 steps after a first probe whose plan underestimated the draft (`bench peer`, fp32: 65 % of a 16-prompt
+cell's steps on the floor; 37-86 % in paired runs of 8 generations, Zen 3); the first ``EVIDENCE`` probes cost at
+most a few AR steps per regime, whose state lasts for the engine's life. Where speculation then pays (its recent
+decided speculative steps, catch-ups left out, committed at least as many tokens as AR steps would have in their
+time), a fall-back is a bad step in a good stretch and waits the back-off alone too: charging it ``loss /
+tolerance`` kept the demo's batch-2 regime, where speculation beat AR by ~10 %, on AR for ~100 steps after each
+such step. Where it does not pay, the whole step is charged, catch-up included: entering speculation costs the
+catch-up every time (on the demo at batch 1, drafting the ~600-token prompt costs ~3 AR steps, ~3 % of a 96-token
+generation). Charging the catch-up always made the first step of a generation at batch 4 (~10 AR steps' worth) wait
+~1,000 steps, the rest of the evaluation cell, where EAGLE-3 beats AR by 5-14 %; never charging it would make every
+generation pay it at T = 1, where every fixed γ loses 2-3x. After it the engine waits ``max(backoff, ceil(loss /
+tolerance))`` AR steps, where ``backoff`` starts at ``probe_after`` and doubles with each consecutive failure up to
+``probe_max``; a probe whose plan pays resets it. So failed probes, beyond a regime's first ``EVIDENCE``, never
+cost more than ``tolerance`` of the decoding time (1 % by default, half the issue's 0.98x AR floor: the other half
+is for the engine's AR steps, which cost what ``ar``'s do): an expensive probe (an untrained drafter whose step
+costs ~10 AR steps and yields ~1 token) waits ~900 steps, while a probe that only just missed (a bad step in a good
+stretch) waits ``probe_after`` steps and the back-off handles noise. Cascade and TCP make the same trade between
+overhead and reaction time. The state persists across generations of one engine, per (batch size, temperature), so
+a new prompt does not pay a fresh series of probes.
 
 Realisation factor: the plan's rate is the selector's forecast, and a forecast can be biased in one regime
 (an acceptance model still learning a batch size, a cost model extrapolating to a token count it has not seen
