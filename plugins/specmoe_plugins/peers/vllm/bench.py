@@ -385,9 +385,11 @@ def run_specmoe(target: Any, args: argparse.Namespace, prompts: list[list[int]])
         eng = SpeculativeEngine(target, drafter, sel, pred if sel.needs_experts else None, clock=clock)
         run = lambda p, i: eng.generate([p], budget=budget, steps=steps, top_k=top_k, temperature=0.0,  # noqa: E731
                                         stop=stop, seed=i)
-        # untimed, as ar's and bench tree's: the drafter compiles its pool's variant (without this, 2-3 s of the
-        # first timed generation: goodput@6 179 against 250 tok/s warm), the models see the regime once
-        for i, p in enumerate(prompts[:max(getattr(args, "warmup", 4), 1)]):
+        # untimed, on other prompts of the dataset as bench tree's methods: the drafter compiles its pool's variant
+        # (without this, 2-3 s of the first timed generation: goodput@6 179 against 293 tok/s warm) and goodput's
+        # models see the regime once, not the prompts they are timed on
+        n_warm = max(getattr(args, "warmup", 4), 1)
+        for i, p in enumerate(tree._prompts(target, targs, n_warm)[targs.prompts:]):
             run(p, i)
         r = _own_loop(run, prompts, steps)
         rows[f"specmoe/goodput@{budget}"] = {**r, "gamma": budget}
