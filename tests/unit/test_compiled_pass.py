@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Compiled decoding passes (:mod:`specmoe.models.graph`, the default with ``torch_union`` on CPUs): greedy
-speculative decoding equals autoregressive decoding token for token with every verification and AR step
-compiled (GPT-OSS and Qwen3-MoE, float32 and bfloat16, batch 1 and 3, with multi-token acceptance asserted and
+"""Compiled decoding passes (:mod:`specmoe_plugins.targets.hf.graph`, the default with ``torch_union`` on
+CPUs): greedy speculative decoding equals autoregressive decoding token for token with every verification and AR
+step compiled (GPT-OSS and Qwen3-MoE, float32 and bfloat16, batch 1 and 3, with multi-token acceptance asserted and
 the compiled passes counted); a compiled pass computes what the eager lean pass computes (to rounding); the
 first-use trial and a failing compiler leave the eager passes in charge. The EAGLE-3 draft's compiled steps and
 chain calls: ``test_compiled_draft.py`` (a file of its own, so that the two halves' cold compilations run in
@@ -20,8 +20,8 @@ from fixtures.tiny import random_prompts
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.stopping import StopRule
-from specmoe.models.graph import GraphDecoder
 from specmoe.registry import drafters, predictors, selectors, verifiers
+from specmoe_plugins.targets.hf.graph import GraphDecoder
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -99,7 +99,7 @@ def test_a_row_that_differs_beside_others_turns_compiling_off(compiled, tiny_cac
         return h, states, routing, logits + (1e-6 if input_ids.shape[1] > 1 else 0.0)
 
     monkeypatch.setattr(GraphDecoder, "_run", uneven)
-    with caplog.at_level(logging.WARNING, logger="specmoe.models.graph"):
+    with caplog.at_level(logging.WARNING, logger="specmoe_plugins.targets.hf.graph"):
         target = compiled_target(tiny_cache, "gpt_oss")  # the trial runs when the verifier is installed
         prompts = random_prompts(2, [5, 9], target.vocab_size, seed=3)
         got = _ar(target, prompts)
@@ -109,13 +109,13 @@ def test_a_row_that_differs_beside_others_turns_compiling_off(compiled, tiny_cac
 
 
 def test_a_compiler_failure_keeps_the_eager_passes(compiled, tiny_cache, monkeypatch, caplog):
-    import specmoe.models.graph as graph_module
+    import specmoe_plugins.targets.hf.graph as graph_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("no C++ compiler")
 
     monkeypatch.setattr(graph_module, "compile_fn", lambda fn: broken)
-    with caplog.at_level(logging.WARNING, logger="specmoe.models.graph"):
+    with caplog.at_level(logging.WARNING, logger="specmoe_plugins.targets.hf.graph"):
         target = compiled_target(tiny_cache, "qwen3_moe")
         prompts = random_prompts(2, [5, 9], target.vocab_size, seed=3)
         got = _ar(target, prompts)

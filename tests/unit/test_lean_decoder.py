@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The lean decoding path (:mod:`specmoe.models.lean`) against the model's own forward.
+"""The lean decoding path (:mod:`specmoe_plugins.targets.hf.lean`) against the model's own forward.
 
 The same tiny checkpoint is loaded twice, with ``lean: true`` (the default) and ``lean: false`` (``transformers``'
 modeling code); every pass of the engine's kinds (prompt with padding, a tree pass with a 4D mask, a pass over
@@ -16,8 +16,8 @@ from fixtures.tiny import random_prompts
 
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.stopping import StopRule
-from specmoe.models.lean import LeanDecoder
 from specmoe.registry import targets
+from specmoe_plugins.targets.hf.lean import LeanDecoder
 
 LEAN_ARCHS = ["gpt_oss", "qwen3_moe"]
 

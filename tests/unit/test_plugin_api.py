@@ -254,6 +254,12 @@ MOVED_INTO_PLUGINS = {
     "specmoe.traces.collect": ("specmoe_plugins.stages.collect_traces.collect",
                                ["CollectOptions", "collect_traces", "split_samples", "plan_shards", "encode_turn",
                                 "route_sequences", "usable_tokenizer", "trace_meta", "summarize"]),
+    "specmoe.models.lean": ("specmoe_plugins.targets.hf.lean", ["LeanDecoder"]),
+    "specmoe.models.graph": ("specmoe_plugins.targets.hf.graph",
+                             ["GraphDecoder", "row_linear", "project", "RowInvariantLinear", "MAX_ROWS"]),
+    "specmoe.models.expert_bytes": ("specmoe_plugins.targets.hf.expert_bytes",
+                                    ["ExpertBytes", "expert_bytes", "loaded_bytes_per_expert",
+                                     "stored_bytes_per_expert"]),
 }
 
 

@@ -4,7 +4,7 @@ and for speed (speedup is relative to it).
 
 It is an honest baseline: one token per pass through the same target forward as the speculative engine's
 verification (:meth:`Target.forward` with its preallocated KV state; for Hugging Face models the lean decoder
-where the architecture allows, see :mod:`specmoe.models.lean`), so a speedup measures speculation, not a
+where the architecture allows, see ``specmoe_plugins.targets.hf.lean``), so a speedup measures speculation, not a
 slower reference. Logits of the prompt pass at each row's last position only (as ``generate``), one host read
 per step at T = 0, and the analysis (unique experts) after the timed region. ``transformers``' own ``generate``
 is the library's reference (``Target.native_generate``; ``platform bench engine`` times both, and the tests

@@ -7,7 +7,7 @@ returns ``[T, H]`` in the hidden dtype. Verification semantics (acceptance) neve
 
 A verifier whose computation gives each token the result it gets alone, whatever the other tokens of the pass,
 may let the target compile its decoding passes (:meth:`Verifier.compiled_passes`; on CPUs,
-:mod:`specmoe.models.graph`): everything else of a pass is one compiled graph, and the experts are either this
+``specmoe_plugins.targets.hf.graph``): everything else of a pass is one compiled graph, and the experts are either this
 verifier's own call made inside it, or its *graph form* (:meth:`Verifier.graph_experts`), compiled with the
 rest.
 """

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Row-invariant products on CPUs for the compiled decoding pass (``row_kernels.cpp``).
 
-The compiled decoding pass (:mod:`specmoe.models.graph`) must give a row the same result whatever the number of
+The compiled decoding pass (``specmoe_plugins.targets.hf.graph``) must give a row the same result whatever the number of
 rows beside it: a verification pass must round as the autoregressive step does, or speculation is not lossless.
 Its generated loops reduce every output element of every row on its own, so each weight is loaded and converted
 once per row and each output ends in a horizontal sum; a 6-token verification pass of the demo target cost ~2.3x a

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Compiled inference functions on CPUs: the settings and helpers the compiled passes share (the target's
-decoding pass, :mod:`specmoe.models.graph`; a drafter's step).
+decoding pass, ``specmoe_plugins.targets.hf.graph``; a drafter's step).
 
 A compiled function here is ``torch.compile(fullgraph=True)`` of a pure function of tensors, with:
 
@@ -9,7 +9,8 @@ A compiled function here is ``torch.compile(fullgraph=True)`` of a pure function
 * the sizes that vary marked dynamic (:func:`dynamic`), every other size a constant of the variant;
 * inputs with the strides of new tensors (:func:`standard`), so a view's layout never starts a new variant;
 * the inductor settings of :data:`INDUCTOR`;
-* its weights read once per change of any model's structure (:func:`structure_generation`), not on every call.
+* its weights read once per change of any model's structure (:func:`structure_generation`), not on every call;
+* products written as explicit reductions (:func:`project`) where their result must not depend on the row count.
 
 ``SPECMOE_COMPILE=0`` switches every compiled function off (:func:`enabled`); where compiling fails (no C++
 compiler on the machine, an operation inductor does not support) the owner runs its eager code instead, said
@@ -24,7 +25,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["enabled", "compile_fn", "standard", "dynamic", "INDUCTOR", "failure", "structure_generation"]
+__all__ = ["enabled", "compile_fn", "standard", "dynamic", "INDUCTOR", "failure", "structure_generation", "project"]
 
 #: inductor settings: no per-call size / alignment checks of the inputs and buffers (their layout is ours:
 #: :func:`standard`), which cost a third of a one-token pass of the demo target, and no bounds check of gathers
@@ -95,3 +96,12 @@ def failure(exc: BaseException) -> str:
     """One line saying why compiling failed."""
     text = str(exc).strip().splitlines()
     return f"compiling failed ({type(exc).__name__}: {text[0] if text else ''})"
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` in float32 as an explicit reduction onto a shaped output: ``x [..., in]``, ``weight [*out, in]``
+    (e.g. the heads of a projection, ``[heads, D, in]``) -> float32 ``[..., *out]``, without reshaping the result.
+    Compiled, each output element is one loop over ``in`` whatever the number of rows."""
+    xf = x.float()[(..., *([None] * (weight.dim() - 1)), slice(None))]
+    y = (xf * weight.float()).sum(-1)
+    return y if bias is None else y + bias.float()

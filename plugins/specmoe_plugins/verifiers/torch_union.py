@@ -28,7 +28,7 @@ class TorchUnionVerifier(Verifier):
         torch runs it for the weights' dtype (see :mod:`specmoe.kernels.union_torch`)."""
         compile: bool = True
         """on a CPU, the target's decoding passes as one compiled graph with this verifier's graph form of the
-        experts inside (:mod:`specmoe.models.graph`; the eager passes where the machine cannot compile it or
+        experts inside (``specmoe_plugins.targets.hf.graph``; the eager passes where the machine cannot compile it or
         gives a row a different result beside others); ``false``: every pass eager."""
 
     def implementation_name(self) -> str:

@@ -28,8 +28,7 @@ import torch
 
 from specmoe.kernels import row_kernels
 from specmoe.models import linear
-from specmoe.models.compiling import compile_fn, dynamic, enabled, failure, standard, structure_generation
-from specmoe.models.graph import project
+from specmoe.models.compiling import compile_fn, dynamic, enabled, failure, project, standard, structure_generation
 from specmoe.models.rope import RopeTables, static
 
 __all__ = ["CompiledStep", "COMPILED_MAX_ROWS", "COMPILED_MAX_ROWS_REDUCED", "ROW_KERNEL_ROWS"]

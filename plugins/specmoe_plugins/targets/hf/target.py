@@ -30,10 +30,10 @@ from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.target import Target, TargetOutput, TargetParts
 from specmoe.models import attention, linear
-from specmoe.models.expert_bytes import ExpertBytes, expert_bytes
-from specmoe.models.graph import GraphDecoder
 from specmoe.models.hf_masks import MaskSpec
-from specmoe.models.lean import LeanDecoder
+from specmoe_plugins.targets.hf.expert_bytes import ExpertBytes, expert_bytes
+from specmoe_plugins.targets.hf.graph import GraphDecoder
+from specmoe_plugins.targets.hf.lean import LeanDecoder
 
 __all__ = ["HFTarget", "hf_expert_bytes"]
 
@@ -116,9 +116,9 @@ class HFTarget(Target):
         the faster BLAS orientation; elsewhere ``F.linear``)."""
         lean: bool = True
         """run the engine's passes (verification, drafting over the target, the autoregressive reference)
-        through :class:`specmoe.models.lean.LeanDecoder` where the architecture allows (the model's own modules
-        without ``transformers``' per-layer glue); ``false`` or an unsupported architecture: the model's own
-        forward."""
+        through :class:`~specmoe_plugins.targets.hf.lean.LeanDecoder` where the architecture allows (the model's
+        own modules without ``transformers``' per-layer glue); ``false`` or an unsupported architecture: the
+        model's own forward."""
         cache_dir: str = ".specmoe_cache/tiny_targets"
         local_files_only: bool = False
 
@@ -355,8 +355,8 @@ class HFTarget(Target):
 
     def compile_passes(self, verifier: Any) -> None:
         """Decoding passes compiled with ``verifier`` where the lean path runs
-        (:class:`specmoe.models.graph.GraphDecoder`), compiled here (so that no timed pass pays for it) and kept
-        while the same verifier is installed again; ``None``: every pass eager."""
+        (:class:`~specmoe_plugins.targets.hf.graph.GraphDecoder`), compiled here (so that no timed pass pays for
+        it) and kept while the same verifier is installed again; ``None``: every pass eager."""
         key = None if verifier is None else (type(verifier), repr(getattr(verifier, "config", None)))
         if key is not None and key == self._verifier_key and self._graph is not None:
             return
