@@ -7,9 +7,10 @@
 # runs only the named steps.
 #
 # On a machine without internet, with torch + CUDA installed: put the wheels this needs in .whl/ (a specmoe wheel
-# from `pip wheel . --no-deps -w .whl` and the transformers / omegaconf / accelerate wheels with their missing
+# from `pip wheel . --no-deps -w .whl` and the transformers / omegaconf / filelock / accelerate wheels with their missing
 # dependencies) and run `bash docker/gpu_check.sh`; with internet `pip install -e ".[triton,accelerate]"` first.
 set -u
+export PYTHONUNBUFFERED=1  # a step cut at its limit keeps what it printed
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 step() {  # step NAME SECONDS COMMAND...
@@ -23,7 +24,7 @@ step() {  # step NAME SECONDS COMMAND...
   tail -n 40 "$OUT/$name.log"
 }
 if [ -d .whl ]; then
-  python -m pip install -q --no-index --find-links .whl pyyaml transformers==5.24.0 omegaconf==2.4.0 accelerate 2>&1 | tail -3
+  python -m pip install -q --no-index --find-links .whl pyyaml transformers==5.24.0 omegaconf==2.4.0 "filelock>=4.3" accelerate 2>&1 | tail -3
   python -m pip install -q --no-index --no-deps .whl/specmoe-*.whl 2>&1 | tail -3
 fi
 python - <<'EOF' | tee "$OUT/env.txt"
@@ -36,8 +37,6 @@ except ImportError as e:
     print("no triton", e)
 EOF
 step gpu_tests 150 python -m pytest -q tests/gpu -p no:cacheprovider
-step bench_goodput 120 python -m specmoe.cli.main bench goodput --device cuda --dtype bfloat16 --prompts 4 \
-  --new-tokens 64 --repeats 2 --json "$OUT/bench_goodput.json"
 step bench_verifier 100 python -m specmoe.cli.main bench verifier --iters 10 --warmup 2
 step bench_predictor 60 python -m specmoe.cli.main bench draft_head --device cuda --no-demo
 step bench_engine 100 python -m specmoe.cli.main bench engine --device cuda --dtype bfloat16 --new-tokens 48 --repeats 2 \
@@ -49,3 +48,8 @@ d = dict(DEMO); arch = d.pop('arch'); seed = d.pop('seed')
 build_tiny_model(arch, '/tmp/demo_target', seed=seed, **d)" >"$OUT/build_target.log" 2>&1
 step cost_calibration 100 python -m specmoe.cli.main bench goodput_cost --target /tmp/demo_target --device cuda \
   --dtype bfloat16 --iters 3 --warmup 1 --check-steps 20 --save "$OUT/cost_model.json"
+# goodput against fixed chains on the demo-size target, priced by the cost model just measured (without one it
+# starts from the CPU prior and spends the step's limit exploring)
+step bench_goodput 120 python -m specmoe.cli.main bench goodput --target /tmp/demo_target --device cuda \
+  --dtype bfloat16 --gammas 2,4,6 --prompts 2 --new-tokens 64 --repeats 1 \
+  --goodput "{\"cost_model\": \"$OUT/cost_model.json\"}" --json "$OUT/bench_goodput.json"

@@ -89,7 +89,9 @@ def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
         probs = torch.softmax(torch.cat([scores, sink.expand(b, hkv, rep, n, 1)], dim=-1), dim=-1,
                               dtype=torch.float32)[..., :s].reshape(b * hkv, rep * n, s)
         out = torch.bmm(probs if probs.dtype == value.dtype else probs.to(value.dtype), value.reshape(b * hkv, s, dv))
-    return out.view(b, hq, n, dv).transpose(1, 2).contiguous(), None
+    # reshape, not view: on a CUDA device a batched product may hand back a non-contiguous result (seen on an
+    # H200 in the cuda:0 + cpu split); where it is contiguous this is the same view
+    return out.reshape(b, hq, n, dv).transpose(1, 2).contiguous(), None
 
 
 def register() -> str:

@@ -116,7 +116,7 @@ def _step(spec: _Spec, w: dict, tokens: torch.Tensor, hidden: torch.Tensor, posi
     mask = allowed[:, None, None].expand(b, hkv, rep, n, total).reshape(b, hkv, rep * n, total)
     att = torch.nn.functional.scaled_dot_product_attention(q.reshape(b, hkv, rep * n, d), keys, values,
                                                            attn_mask=mask, scale=spec.scale)
-    flat = att.view(b, hq, n, d).transpose(1, 2).reshape(b, n, hq * d)
+    flat = att.reshape(b, hq, n, d).transpose(1, 2).reshape(b, n, hq * d)
     h = (h_norm if spec.norm_before_residual else hidden) + lin(flat, "o")
     y = _rms(h, w["post_norm"], spec.eps)
     if row is not None:

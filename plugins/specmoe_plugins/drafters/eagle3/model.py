@@ -311,7 +311,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Ten
         q = q.reshape(b, hkv, rep * n, d)
         mask = mask[:, :, None].expand(b, 1, rep, n, s).reshape(b, 1, rep * n, s)
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return out.view(b, hq, n, v.shape[-1])
+    return out.reshape(b, hq, n, v.shape[-1])  # a CUDA kernel may return a non-contiguous result
 
 
 class Eagle3Model(nn.Module):
