@@ -130,3 +130,21 @@ def test_parts_fit_the_absorbed_tokens():
     assert m.predict_part("t_draft", 1) == pytest.approx(0.01)  # without absorbed: the median
     m.observe_parts(1, absorbed=50, t_draft=2e-3 + 1e-4 * 50)  # a new observation refits
     assert m.part_at("t_draft", 1, 0) == pytest.approx(2e-3, rel=1e-6)
+
+
+def test_parts_fit_ignores_a_slow_step():
+    """A single slow step at a large absorbed count (the drafter compiling in its first step) does not set the
+    draft's price: steady steps absorbing 1-6 tokens at ~3.6 ms and catch-ups at 59-155 tokens fit a line within
+    a few per cent of the steady cost, the 5.8 s step left out (a least-squares line through the medians priced
+    a steady step at 11-21 ms)."""
+    m = CostModel(TRUE)
+    rng = np.random.default_rng(0)
+    m.observe_parts(1, absorbed=150, t_draft=5.8)  # compiling
+    for _ in range(60):
+        n = int(rng.integers(1, 7))
+        m.observe_parts(1, absorbed=n, t_draft=3.0e-3 + 1.2e-4 * n + float(rng.normal(0, 5e-5)))
+    for n in (59, 85, 131, 155):  # catch-ups after AR stretches
+        m.observe_parts(1, absorbed=n, t_draft=3.0e-3 + 1.2e-4 * n)
+    steady = 3.0e-3 + 1.2e-4 * 5
+    assert m.part_at("t_draft", 1, 5) == pytest.approx(steady, rel=0.05)
+    assert m.part_at("t_draft", 1, 155) == pytest.approx(3.0e-3 + 1.2e-4 * 155, rel=0.1)
