@@ -259,3 +259,36 @@ def test_the_plan_rate_is_corrected_by_what_the_regime_realised():
     assert not over.decide(7.0, 0.010, 2, predicted_ar_rate=1.0)  # 700 x 0.5 = 350 < 400
     over.begin(4, 0.0)
     assert over.realisation() == 1.0  # per regime
+
+
+def test_an_ar_stretch_is_one_block_equal_to_its_steps_merged():
+    """The engine keeps a stretch of AR steps as host lists and builds one :class:`Committed` at the next
+    speculative step: equal to the per-step blocks merged (tokens, validity, positions, features), a row that
+    finishes inside the stretch included (its later entries invalid, its positions no longer advancing)."""
+    from specmoe.decoding.engine import _Run
+
+    torch.manual_seed(0)
+    bsz, f_dim = 3, 5
+    start = torch.tensor([7, 12, 4])  # each row's next root position when the stretch begins
+    active = [[True, True, True], [True, False, True], [True, False, True], [True, False, False]]
+    run = _Run(bsz=bsz, kv=None, gen=None, clock=None, temperature=0.0, stop=None, feat_layers=[], outputs=[],
+               active=[], active_t=torch.ones(bsz, dtype=torch.bool), last_tok=[], pending=[],
+               ar_attend=None, ar_pos=start.clone())
+    per_step, pos = [], start.clone()
+    for j, act in enumerate(active):
+        sel = torch.tensor(act)[:, None]
+        toks = [100 + 10 * j + b if act[b] else 0 for b in range(bsz)]
+        feats = torch.randn(bsz, 1, f_dim)
+        run.ar_steps.append((toks, sel, feats))
+        per_step.append(Committed(torch.tensor(toks)[:, None], sel, pos[:, None] + 1,
+                                  feats * sel[:, :, None].float()))
+        pos = pos + sel[:, 0].long()
+    run.ar_pos = pos
+    block = SpeculativeEngine._ar_block(run)
+    merged = merge_committed(per_step)
+    assert run.ar_steps == [] and run.ar_pos is None
+    assert torch.equal(block.valid, merged.valid) and block.valid.sum(dim=1).tolist() == [4, 1, 3]
+    v = block.valid
+    assert torch.equal(block.tokens[v], merged.tokens[v]) and torch.equal(block.positions[v], merged.positions[v])
+    assert block.positions[0].tolist() == [8, 9, 10, 11] and block.positions[1, 0] == 13
+    torch.testing.assert_close(block.features, merged.features)
