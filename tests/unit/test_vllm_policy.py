@@ -109,6 +109,59 @@ def test_a_request_that_keeps_rejecting_stops_speculating(tmp_path):
     assert k["good"] == 3 and k["bad"] == 0
 
 
+def _floor_then(pol, rows, steps, accepted):
+    """Run ``steps`` decisions; a step that verifies drafts sees ``accepted(req, k)`` of them accepted. Returns the
+    steps whose proposal was non-zero and the steps that verified drafts."""
+    proposed, verified = [], []
+    for s in range(steps):
+        d = pol.decide(rows)
+        if d.k_next:
+            proposed.append(s)
+        if any(d.k.values()):
+            verified.append(s)
+            pol.observe_step([(r.req, False, d.k[r.req], accepted(r.req, d.k[r.req])) for r in rows if d.k[r.req]])
+    return proposed, verified
+
+
+def test_a_request_on_the_floor_probes_and_speculates_again(tmp_path):
+    """One rejected step put a request on the floor (its factor fell); nothing drafted, nothing learned. The
+    policy probes after PROBE_FIRST floor steps, verifies the probe's drafts, and speculates again once they
+    are accepted (vLLM on a Sapphire Rapids: two of 16 prompts stayed on the floor for all 96 tokens)."""
+    cost = {"fixed": 2.9e-3, "tokens": 2.9e-3, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 0.0,
+            "spec_pass": 2.3e-3}
+    pol = P.GoodputPolicy(_spec(tmp_path, cost=cost, prior=(0.89, 0.93, 0.9)), 3, online=False, plain_steps=True)
+    rows = [P.Row("a", [20, 21, 22], 10)]
+    assert pol.decide(rows).k == {"a": 3}
+    pol.observe_step([("a", False, 3, 0)])
+    plain = [P.Row("a", [], 10)]
+    assert pol.decide(plain).k_next == 0  # on the floor
+    proposed, _ = _floor_then(pol, plain, P.PROBE_FIRST - 1, lambda r, k: k)
+    assert proposed == [P.PROBE_FIRST - 2]  # the PROBE_FIRST-th floor step proposes
+    d = pol.decide(rows)  # the probe's drafts: all verified
+    assert d.k == {"a": 3}
+    pol.observe_step([("a", False, 3, 3)])
+    assert pol.decide(rows).k == {"a": 3} and pol.wait == P.PROBE_FIRST
+
+
+def test_probes_back_off_where_the_floor_is_right(tmp_path):
+    """Drafts that are never accepted: the waits between probes double up to PROBE_MAX, so probing costs at most
+    one step in PROBE_MAX there; with PROBE_MAX steps or more between probes."""
+    cost = {"fixed": 2.9e-3, "tokens": 2.9e-3, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 0.0,
+            "spec_pass": 2.3e-3}
+    pol = P.GoodputPolicy(_spec(tmp_path, cost=cost, prior=(0.05, 0.05, 0.05)), 3, online=False, plain_steps=True)
+    plain, drafted = [P.Row("a", [], 10)], [P.Row("a", [20, 21, 22], 10)]
+    probes = []
+    for s in range(3000):
+        d = pol.decide(drafted if probes and probes[-1] == s - 1 else plain)
+        if any(d.k.values()):
+            pol.observe_step([("a", False, d.k["a"], 0)])
+        if d.k_next:
+            probes.append(s)
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:3] == [2 * P.PROBE_FIRST + 1, 4 * P.PROBE_FIRST + 1, 8 * P.PROBE_FIRST + 1]
+    assert gaps[-1] == P.PROBE_MAX + 1 and len(probes) < 3000 / P.PROBE_MAX + 8
+
+
 # ------------------------------------------------------------------------------------------ decisions
 def test_choices_never_exceed_the_proposed_drafts(tmp_path):
     pol = P.GoodputPolicy(_spec(tmp_path), 3, online=False)

@@ -22,7 +22,14 @@ table takes the table's fallback row). The expert term off (``expert_cost = Fals
 
 The choice is a greedy path: from all-zero (plain decoding, the AR floor) it adds, one at a time, the next draft
 of the request whose addition gives the highest rate, up to every draft, and keeps the prefix of that path with
-the highest rate; speculation is kept only where it beats the all-zero rate by the tolerance. ``K_next`` (how many
+the highest rate; speculation is kept only where it beats the all-zero rate by the tolerance.
+
+On the floor nothing is drafted, so nothing is learned: one unlucky step (a rejected first draft lowers that
+request's factor) could keep a request on the floor for good. So after ``PROBE_FIRST`` consecutive floor steps
+the policy *probes*: it proposes the best non-zero ``K_next`` and verifies all of the probe's drafts next step;
+the wait doubles after each probe that does not bring speculation back (up to ``PROBE_MAX`` steps, so where
+the floor is right a probe costs at most a step in ``PROBE_MAX``), and starts again at ``PROBE_FIRST`` once the
+plan speculates on its own. ``K_next`` (how many
 drafts vLLM's proposer makes for the next step, its ``num_spec_tokens_to_schedule``) is planned the same way with
 the drafts not yet known: their experts are the table's frequency-weighted inclusion probabilities per expert
 (an expected union). With ``K_next = 0`` the drafter only absorbs the step's tokens (no draft forward passes).
@@ -46,13 +53,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-__all__ = ["FORMAT", "COST_TERMS", "PolicyFileError", "PolicySpec", "ExpertTable", "CostTerms", "Acceptance",
+__all__ = ["FORMAT", "COST_TERMS", "PROBE_FIRST", "PROBE_MAX",
+           "PolicyFileError", "PolicySpec", "ExpertTable", "CostTerms", "Acceptance",
            "Row", "Decision", "GoodputPolicy", "load_policy"]
 
 #: the policy file's ``format`` value this module reads
 FORMAT = "specmoe_vllm.policy/1"
 #: the step-cost terms (seconds per unit); see the module docstring
 COST_TERMS = ("fixed", "tokens", "expert_layers", "kv_slots", "draft_steps", "spec_pass")
+#: consecutive floor steps before the first probe, and the most the doubling wait between probes grows to
+PROBE_FIRST, PROBE_MAX = 8, 256
 
 
 class PolicyFileError(ValueError):
@@ -422,6 +432,9 @@ class GoodputPolicy:
         self.online = online
         self.plain_steps = plain_steps
         self.acceptance = Acceptance(spec.prior, spec.prior_strength, spec.request_strength, max(self.K, 1))
+        self.floor_run = 0  # consecutive steps that neither verified nor proposed a draft
+        self.wait = PROBE_FIRST  # floor steps before the next probe
+        self.probing: set[str] = set()  # requests whose drafts of this step were proposed as a probe
 
     # -------------------------------------------------------------- pricing
     def _spec(self, speculates: bool) -> float:
@@ -463,9 +476,10 @@ class GoodputPolicy:
         c = self.cost.current.coef
         return c["tokens"], (c["expert_layers"] if self.expert_cost else 0.0)
 
-    def _choose(self, rows: Sequence[Row], avail: dict[str, int], k_next: int
+    def _choose(self, rows: Sequence[Row], avail: dict[str, int], k_next: int, forced: Iterable[str] = ()
                 ) -> tuple[dict[str, int], float, float, dict[str, float]]:
-        """Greedy path over the proposed drafts (their experts known from the table); the best prefix."""
+        """Greedy path over the proposed drafts (their experts known from the table); the best prefix. The
+        ``forced`` requests (a probe's) verify all their drafts: the path starts there."""
         union, tokens, kv, num = self._base(rows)
         chains = self._chains(rows, self.K)
         by = {r.req: r for r in rows}
@@ -476,6 +490,18 @@ class GoodputPolicy:
         best = (ar_rate * (1 + self.spec.tolerance), dict(k), tokens, union.size(), spec)
         c_tok, c_exp = self._coefs()
         c_spec = self.cost.current.coef.get("spec_pass", 0.0)
+        forced = [r for r in forced if avail.get(r, 0) > 0]
+        if forced:
+            t += c_spec if spec == 0 else 0.0
+            spec = 1.0
+            for req in forced:
+                for i in range(avail[req]):
+                    t += c_tok + c_exp * (union.gain(by[req].drafts[i]) if c_exp > 0 else 0.0)
+                    union.add(by[req].drafts[i])
+                    num += chains[req][i]
+                    tokens += 1
+                k[req] = avail[req]
+            best = (num / t, dict(k), tokens, union.size(), spec)
         while True:
             first = c_spec if spec == 0 else 0.0  # the step's first draft brings the speculative machinery
             pick, pick_rate, pick_gain = None, -1.0, 0.0
@@ -503,8 +529,9 @@ class GoodputPolicy:
                  "spec_pass": spec_n}
         return choice, (rate if any(choice.values()) else ar_rate), ar_rate, shape
 
-    def _plan(self, rows: Sequence[Row]) -> int:
-        """K_next: the draft length whose joint plan with unknown drafts has the best rate (draft cost included).
+    def _plan(self, rows: Sequence[Row], least: int = 0) -> int:
+        """K_next (at least ``least``): the draft length whose joint plan with unknown drafts has the best rate
+        (draft cost included).
         Unknown drafts all add the same expected experts, so the greedy path takes them by descending chain
         probability and its union depends only on how many were taken."""
         union, tokens, kv, num = self._base(rows)
@@ -514,7 +541,7 @@ class GoodputPolicy:
         u0 = union.size()
         grow = [self._joint(u0, n) for n in range(len(order) + 1)] if c_exp > 0 else [u0] * (len(order) + 1)
         best_k, best_rate = 0, -1.0
-        for kn in range(self.K + 1):
+        for kn in range(min(least, self.K), self.K + 1):
             t = self._seconds(tokens, grow[0], kv, kn, self._spec(kn > 0))
             rate = num / t * (1 + self.spec.tolerance) if kn == 0 else -1.0
             got, n = num, 0
@@ -539,7 +566,21 @@ class GoodputPolicy:
         plan_rows = [Row(r.req, [], r.root if r.root is not None else 0, r.context + 1, r.sampled) for r in rows]
         k_next = self._plan(plan_rows) if plan_rows and self.K > 0 else 0
         avail = {r.req: min(len(r.drafts), self.K) for r in rows}
-        choice, rate, ar_rate, shape = self._choose(rows, avail, k_next)
+        forced, self.probing = self.probing, set()
+        choice, rate, ar_rate, shape = self._choose(rows, avail, k_next, forced)
+        decoding = [r.req for r in rows if r.root is not None and r.extra_tokens == 0]
+        if k_next > 0 or any(choice.values()) or not decoding:
+            if k_next > 0:
+                self.wait = PROBE_FIRST
+            self.floor_run = 0
+        else:
+            self.floor_run += 1
+            if self.floor_run >= self.wait:  # probe: propose drafts, verify them all next step
+                k_next = self._plan(plan_rows, least=1)
+                choice, rate, ar_rate, shape = self._choose(rows, avail, k_next)
+                self.probing = set(decoding)
+                self.floor_run = 0
+                self.wait = min(2 * self.wait, PROBE_MAX)
         return Decision(choice, k_next, rate, ar_rate, shape)
 
     # -------------------------------------------------------------- feedback
