@@ -162,6 +162,22 @@ def test_probes_back_off_where_the_floor_is_right(tmp_path):
     assert gaps[-1] == P.PROBE_MAX + 1 and len(probes) < 3000 / P.PROBE_MAX + 8
 
 
+def test_floor_steps_between_probes_skip_the_plan(tmp_path, monkeypatch):
+    """Between probes a floor step is priced (its shape feeds the cost refit) but not planned: the plan runs on
+    the first floor step and at the probe only, and the probes come when they did with a plan every step."""
+    cost = {"fixed": 2.9e-3, "tokens": 2.9e-3, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 0.0,
+            "spec_pass": 2.3e-3}
+    pol = P.GoodputPolicy(_spec(tmp_path, cost=cost, prior=(0.05, 0.05, 0.05)), 3, online=False, plain_steps=True)
+    plans = []
+    real = pol._plan
+    monkeypatch.setattr(pol, "_plan", lambda rows, least=0: plans.append(least) or real(rows, least))
+    plain = [P.Row("a", [], 10, context=100)]
+    shapes = [pol.decide(plain) for _ in range(P.PROBE_FIRST)]
+    assert [d.k_next > 0 for d in shapes] == [False] * (P.PROBE_FIRST - 1) + [True]
+    assert plans == [0, 0, 1]  # the first floor step; the probe step's plan, then its forced one
+    assert all(d.shape["tokens"] == 1 and d.shape["kv_slots"] == 100 and d.rate > 0 for d in shapes)
+
+
 # ------------------------------------------------------------------------------------------ decisions
 def test_choices_never_exceed_the_proposed_drafts(tmp_path):
     pol = P.GoodputPolicy(_spec(tmp_path), 3, online=False)
