@@ -100,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking-uri", default=None, help="MLflow URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
     p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--keep-dir", default=None,
+                   help="keep vLLM's request / output files and the plugin's policies in this folder (default: a "
+                        "temporary one), e.g. to refit the plugin's step cost offline (platform peer export-policy "
+                        "--vllm-run DIR/vllm_out_0.json)")
 
 
 def _prompt_arguments(p: argparse.ArgumentParser) -> None:
@@ -440,7 +444,10 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
         format=args.format, data_dir=args.data_dir))
     best: dict[str, dict[str, Any]] = {}
     meta: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="specmoe_peer_") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = getattr(args, "keep_dir", None) or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="specmoe_peer_"))
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for k in range(args.passes):
             if "vllm" in engines:
                 out = run_vllm(args, prompts, Path(tmp), str(k))
