@@ -57,6 +57,8 @@ def _spec(tmp_path, **kw):
     (lambda d: d["experts"]["table"].__setitem__(0, [[0, 99], [0, 1]]), "'experts.table[0]'"),
     (lambda d: d["experts"].pop("fallback"), "'experts.fallback'"),
     (lambda d: (d.pop("experts"), d["cost"].update(expert_layers=1e-5)), "'experts'"),
+    (lambda d: d.update(cost_tokens={"fixed": 1e-3, "bogus": 1.0}), "'cost_tokens.bogus'"),
+    (lambda d: d.update(cost_tokens={"fixed": 1e-3, "expert_layers": 1e-5}), "'cost_tokens.expert_layers'"),
 ])
 def test_bad_policy_file_names_the_file_and_key(tmp_path, edit, key):
     d = _policy_dict()
@@ -234,7 +236,7 @@ def _rate(pol, rows, k):
         tokens += 1 + k[r.req]
         for t in r.drafts[:k[r.req]]:
             union.add(t)
-    return num / pol._seconds(tokens, union.size(), 0, pol.K)
+    return num / pol._seconds(len(rows), tokens, union.size(), 0, pol.K)
 
 
 def test_greedy_choice_is_close_to_the_exhaustive_optimum(tmp_path):
@@ -263,6 +265,37 @@ def test_k_next_pays_for_the_draft_passes(tmp_path):
     cheap = P.GoodputPolicy(_spec(tmp_path, cost={**base, "draft_steps": 1e-5}), 3, online=False).decide(rows)
     dear = P.GoodputPolicy(_spec(tmp_path, cost={**base, "draft_steps": 2e-3}), 3, online=False).decide(rows)
     assert cheap.k_next == 3 and dear.k_next < cheap.k_next
+
+
+def test_rows_are_priced_and_the_token_only_variant_takes_its_own_cost(tmp_path):
+    """A step's ``rows`` term is paid per request; ``expert_cost = False`` prices with the file's
+    ``cost_tokens`` (fitted without the expert term), the expert-aware policy with ``cost``."""
+    cost = {"fixed": 1e-3, "rows": 5e-4, "tokens": 1e-4, "expert_layers": 2e-5, "draft_steps": 0.0}
+    tok = {"fixed": 2e-3, "rows": 1e-3, "tokens": 3e-4}
+    spec = _spec(tmp_path, cost=cost, cost_tokens=tok)
+    rows = [P.Row(r, [], 10 + i) for i, r in enumerate("abcd")]
+    pol = P.GoodputPolicy(spec, 3, online=False)
+    d = pol.decide(rows)
+    assert d.shape["rows"] == 4
+    assert d.ar_rate == pytest.approx(4 / (1e-3 + 4 * 5e-4 + 4 * 1e-4 + 2e-5 * d.shape["expert_layers"]))
+    d_t = P.GoodputPolicy(spec, 3, online=False, expert_cost=False).decide(rows)
+    assert d_t.ar_rate == pytest.approx(4 / (2e-3 + 4 * 1e-3 + 4 * 3e-4))
+    # without cost_tokens the token-only variant keeps cost, less its expert term (as before)
+    d_0 = P.GoodputPolicy(_spec(tmp_path, cost=cost), 3, online=False, expert_cost=False).decide(rows)
+    assert d_0.ar_rate == pytest.approx(4 / (1e-3 + 4 * 5e-4 + 4 * 1e-4))
+
+
+def test_the_next_step_is_planned_with_unknown_roots(tmp_path):
+    """K_next prices the next step's roots as unknown tokens (they are what this step samples): the plan does not
+    depend on which tokens this step's roots are. Before, 8 rows that shared a root (a batch's first decode step)
+    priced the floor by that one token's experts, cheaper than the floor is, and each batch took its first 8 steps
+    plain (vLLM, batch 8, T = 0)."""
+    cost = {"fixed": 1e-3, "rows": 1e-4, "tokens": 1e-4, "expert_layers": 4e-4, "draft_steps": 5e-4, "spec_pass": 1e-3}
+    spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.7, 0.5))
+    same = [P.Row(f"r{i}", [], 10, 50) for i in range(8)]
+    apart = [P.Row(f"r{i}", [], 20 + i % 4, 50) for i in range(8)]
+    plans = {P.GoodputPolicy(spec, 3, online=False, plain_steps=True)._plan(rows) for rows in (same, apart)}
+    assert len(plans) == 1 and plans.pop() > 0
 
 
 # ------------------------------------------------------------------------------------------ online cost

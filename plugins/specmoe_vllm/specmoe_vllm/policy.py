@@ -9,8 +9,8 @@ expected tokens per second::
 
     rate(k) = sum_r (1 + E_r(k_r)) / T_step(k)
     E_r(k)  = sum_{i=1..k} prod_{j<=i} a_{r,j}         expected accepted drafts of a chain of k
-    T_step  = c_fixed + c_tokens * tokens + c_expert * sum_l |U_l| + c_kv * kv_slots + c_draft * K_next
-              + c_spec * [the step speculates: it verifies a draft or K_next > 0]
+    T_step  = c_fixed + c_rows * rows + c_tokens * tokens + c_expert * sum_l |U_l| + c_kv * kv_slots
+              + c_draft * K_next + c_spec * [the step speculates: it verifies a draft or K_next > 0]
 
 ``a_{r,j}`` is the conditional acceptance of draft position ``j`` (P(accepted | position j-1 accepted)), counted
 online from what vLLM reports as accepted per request (a Beta prior per position from the policy file), scaled
@@ -41,7 +41,11 @@ does (vLLM's own behaviour), so the floor is plain decoding plus ``c_spec``.
 
 The cost coefficients start from the policy file (specmoe's calibration, converted by ``platform peer
 export-policy``) and are refitted online from the measured step times (relative-error ridge regression towards
-the file's coefficients, non-negative), so the cost is vLLM's own on the machine.
+the file's coefficients, non-negative), so the cost is vLLM's own on the machine. ``c_rows`` (per request in the
+step: its sampler row, its bookkeeping) and the expert term make a step's cost concave in its token count, as it
+is (a CPU step of 8 rows x 6 tokens cost ~2x one of 8 rows x 1 token, not 6x). The token-only variant prices
+with the file's ``cost_tokens`` where it has one: coefficients fitted without the expert term (the best a
+token-count cost can do), else with ``cost`` less its expert term.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ __all__ = ["FORMAT", "COST_TERMS", "PROBE_FIRST", "PROBE_MAX",
 #: the policy file's ``format`` value this module reads
 FORMAT = "specmoe_vllm.policy/1"
 #: the step-cost terms (seconds per unit); see the module docstring
-COST_TERMS = ("fixed", "tokens", "expert_layers", "kv_slots", "draft_steps", "spec_pass")
+COST_TERMS = ("fixed", "rows", "tokens", "expert_layers", "kv_slots", "draft_steps", "spec_pass")
 #: consecutive floor steps before the first probe, and the most the doubling wait between probes grows to
 PROBE_FIRST, PROBE_MAX = 8, 256
 
@@ -135,6 +139,8 @@ class PolicySpec:
     request_strength: float
     tolerance: float
     meta: dict[str, Any] = field(default_factory=dict)
+    #: the token-only variant's coefficients (``cost_tokens`` in the file; None: ``cost`` less its expert term)
+    cost_tokens: CostTerms | None = None
 
 
 def _num(d: dict, key: str, path: str, lo: float = 0.0, hi: float = math.inf, default: Any = None) -> float:
@@ -184,6 +190,19 @@ def _table(d: Any, path: str) -> ExpertTable:
     return ExpertTable(layers, n_exp, top_k, experts, fallback, freq)
 
 
+def _cost(cost: Any, key: str, p: str) -> dict[str, float]:
+    """A cost object of the file (``cost`` / ``cost_tokens``): seconds per unit of each known term."""
+    if not isinstance(cost, dict):
+        raise _bad(p, key, "must be an object of seconds per unit")
+    unknown = sorted(set(cost) - set(COST_TERMS))
+    if unknown:
+        raise _bad(p, f"{key}.{unknown[0]}", f"is not a cost term (known: {', '.join(COST_TERMS)})")
+    coef = {k: _num(cost, k, p, 0.0, 10.0, default=0.0) for k in COST_TERMS}
+    if coef["fixed"] + coef["tokens"] <= 0:
+        raise _bad(p, f"{key}.fixed", f"and '{key}.tokens' cannot both be 0 (a pass costs time)")
+    return coef
+
+
 def load_policy(path: str | Path) -> PolicySpec:
     """Read and check a policy file; every problem raises :class:`PolicyFileError` naming the file and key."""
     p = str(path)
@@ -199,15 +218,8 @@ def load_policy(path: str | Path) -> PolicySpec:
         raise _bad(p, "(top level)", "must be a JSON object")
     if d.get("format") != FORMAT:
         raise _bad(p, "format", f"is {d.get('format')!r}, this plugin reads {FORMAT!r}")
-    cost = d.get("cost")
-    if not isinstance(cost, dict):
-        raise _bad(p, "cost", "must be an object of seconds per unit")
-    unknown = sorted(set(cost) - set(COST_TERMS))
-    if unknown:
-        raise _bad(p, f"cost.{unknown[0]}", f"is not a cost term (known: {', '.join(COST_TERMS)})")
-    coef = {k: _num(cost, k, p, 0.0, 10.0, default=0.0) for k in COST_TERMS}
-    if coef["fixed"] + coef["tokens"] <= 0:
-        raise _bad(p, "cost.fixed", "and 'cost.tokens' cannot both be 0 (a pass costs time)")
+    coef = _cost(d.get("cost"), "cost", p)
+    coef_tokens = _cost(d["cost_tokens"], "cost_tokens", p) if d.get("cost_tokens") is not None else None
     acc = d.get("acceptance")
     if not isinstance(acc, dict):
         raise _bad(p, "acceptance", "must be an object with 'prior' (greedy / sampled per-position rates)")
@@ -224,7 +236,10 @@ def load_policy(path: str | Path) -> PolicySpec:
     table = _table(d["experts"], p) if d.get("experts") is not None else None
     if coef["expert_layers"] > 0 and table is None:
         raise _bad(p, "experts", "is missing: 'cost.expert_layers' > 0 needs the token-to-experts table")
+    if coef_tokens is not None and coef_tokens["expert_layers"] > 0:
+        raise _bad(p, "cost_tokens.expert_layers", "must be 0 (cost_tokens is the token-only variant's cost)")
     return PolicySpec(path=p, max_drafts=int(_num(d, "max_drafts", p, 1, 64, default=8)), cost=CostTerms(coef),
+                      cost_tokens=CostTerms(coef_tokens) if coef_tokens is not None else None,
                       table=table, prior=prior, prior_strength=_num(acc, "strength", p, 0.0, 1e6, default=20.0),
                       request_strength=_num(acc, "request_strength", p, 0.0, 1e6, default=8.0),
                       tolerance=_num(d, "tolerance", p, 0.0, 1.0, default=0.01), meta=d.get("meta") or {})
@@ -359,6 +374,12 @@ class OnlineCost:
         self.current = CostTerms(dict(zip(COST_TERMS, coef)))
 
 
+def _shape(rows: int, tokens: float, union: float, kv: float, k_next: int, spec: float) -> dict[str, float]:
+    """A step's units of every :data:`COST_TERMS` entry."""
+    return {"fixed": 1.0, "rows": float(rows), "tokens": tokens, "expert_layers": union, "kv_slots": kv,
+            "draft_steps": float(k_next), "spec_pass": spec}
+
+
 # ------------------------------------------------------------------------------------------ the decision
 @dataclass
 class Row:
@@ -428,7 +449,7 @@ class GoodputPolicy:
         self.spec = spec
         self.K = max(0, int(num_speculative_tokens))
         self.expert_cost = expert_cost and spec.table is not None
-        self.cost = OnlineCost(spec.cost)
+        self.cost = OnlineCost(spec.cost if self.expert_cost or spec.cost_tokens is None else spec.cost_tokens)
         self.online = online
         self.plain_steps = plain_steps
         self.acceptance = Acceptance(spec.prior, spec.prior_strength, spec.request_strength, max(self.K, 1))
@@ -441,10 +462,8 @@ class GoodputPolicy:
         """The ``spec_pass`` unit of a step: paid when it speculates, or always without plain steps."""
         return 1.0 if speculates or not self.plain_steps else 0.0
 
-    def _seconds(self, tokens: float, union: float, kv: float, k_next: int, spec: float = 1.0) -> float:
-        x = {"fixed": 1.0, "tokens": tokens, "expert_layers": union, "kv_slots": kv, "draft_steps": k_next,
-             "spec_pass": spec}
-        return self.cost.current.seconds(x, self.expert_cost)
+    def _seconds(self, rows: int, tokens: float, union: float, kv: float, k_next: int, spec: float = 1.0) -> float:
+        return self.cost.current.seconds(_shape(rows, tokens, union, kv, k_next, spec), self.expert_cost)
 
     def _base(self, rows: Sequence[Row]) -> tuple[_Union, float, float, float]:
         """The pass without drafts: its union (roots; prefill tokens as unknown ones), tokens, KV slots, and the
@@ -485,7 +504,7 @@ class GoodputPolicy:
         by = {r.req: r for r in rows}
         k = {r.req: 0 for r in rows}
         spec = self._spec(k_next > 0)
-        t = self._seconds(tokens, union.size(), kv, k_next, spec)
+        t = self._seconds(len(rows), tokens, union.size(), kv, k_next, spec)
         ar_rate = num / t if t > 0 else 0.0
         best = (ar_rate * (1 + self.spec.tolerance), dict(k), tokens, union.size(), spec)
         c_tok, c_exp = self._coefs()
@@ -525,24 +544,26 @@ class GoodputPolicy:
             if pick_rate > best[0]:
                 best = (pick_rate, dict(k), tokens, union.size(), spec)
         rate, choice, tok_n, u_n, spec_n = best
-        shape = {"fixed": 1.0, "tokens": tok_n, "expert_layers": u_n, "kv_slots": kv, "draft_steps": k_next,
-                 "spec_pass": spec_n}
+        shape = _shape(len(rows), tok_n, u_n, kv, k_next, spec_n)
         return choice, (rate if any(choice.values()) else ar_rate), ar_rate, shape
 
     def _plan(self, rows: Sequence[Row], least: int = 0) -> int:
         """K_next (at least ``least``): the draft length whose joint plan with unknown drafts has the best rate
         (draft cost included).
         Unknown drafts all add the same expected experts, so the greedy path takes them by descending chain
-        probability and its union depends only on how many were taken."""
-        union, tokens, kv, num = self._base(rows)
+        probability and its union depends only on how many were taken. The next step's roots are unknown too
+        (the tokens this step samples): their union is the expected one of as many unknown tokens, not the union of
+        this step's roots (8 rows' first decode step often holds one token eight times: its union priced the floor
+        at ~0.7x its measured cost, vLLM on a Zen 4, and every batch took its first 8 steps plain)."""
+        _, tokens, kv, num = self._base(rows)
         chains = self._chains(rows, self.K)
         order = sorted(((p, i) for c in chains.values() for i, p in enumerate(c)), key=lambda x: -x[0])
         c_tok, c_exp = self._coefs()
-        u0 = union.size()
+        u0 = self._joint(0.0, len(rows)) if c_exp > 0 else 0.0
         grow = [self._joint(u0, n) for n in range(len(order) + 1)] if c_exp > 0 else [u0] * (len(order) + 1)
         best_k, best_rate = 0, -1.0
         for kn in range(min(least, self.K), self.K + 1):
-            t = self._seconds(tokens, grow[0], kv, kn, self._spec(kn > 0))
+            t = self._seconds(len(rows), tokens, grow[0], kv, kn, self._spec(kn > 0))
             rate = num / t * (1 + self.spec.tolerance) if kn == 0 else -1.0
             got, n = num, 0
             for p, i in order:
@@ -597,10 +618,9 @@ class GoodputPolicy:
             return None
         union, tokens, kv, num = self._base(rows)
         spec = self._spec(False)
-        t = self._seconds(tokens, union.size(), kv, 0, spec)
+        shape = _shape(len(rows), tokens, union.size(), kv, 0, spec)
+        t = self.cost.current.seconds(shape, self.expert_cost)
         self.floor_run += 1
-        shape = {"fixed": 1.0, "tokens": tokens, "expert_layers": union.size(), "kv_slots": kv, "draft_steps": 0,
-                 "spec_pass": spec}
         rate = num / t if t > 0 else 0.0
         return Decision({r.req: 0 for r in rows}, 0, rate, rate, shape)
 

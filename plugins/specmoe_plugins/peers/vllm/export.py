@@ -11,18 +11,22 @@ a1,a2,...] --out policy.json`` reads *files* only (no stage module is imported):
   ``cost_model.json`` (``format: specmoe.cost_model/1``, ``coef`` in seconds per unit of ``fixed``, ``tokens``,
   ``expert_layers``, ``kv_slots``, ``padded_tokens``, ``token_kv``) -> the policy's ``cost`` (``padded_tokens``
   folds into ``tokens``, ``token_kv`` into ``kv_slots``: a decode row verifies few tokens).
-* ``--vllm-run``: the JSON ``vllm_runner.py`` (this folder) wrote for fixed draft counts (``configs`` 0..n): the
-  per-step seconds of vLLM's own runs refit the ``fixed``, ``tokens``, ``draft_steps`` and ``spec_pass`` terms
-  (ridge towards the cost model's, or on their own without one), and the longest chain's per-position acceptance is the
-  acceptance prior (conditional: P(position i | position i - 1)).
+* ``--vllm-run``: the JSON ``vllm_runner.py`` (this folder) wrote for fixed draft counts (``configs`` 0..n), best
+  with cells of several batch sizes: the per-step seconds of vLLM's own runs replace the cost model's ``fixed``,
+  ``rows``, ``tokens``, ``draft_steps``, ``spec_pass`` and (with ``--token-table``) ``expert_layers`` terms
+  (:func:`fit_vllm_steps`; the same fit without the expert term is the token-only variant's ``cost_tokens``),
+  and the longest chain's per-position acceptance is the acceptance prior (conditional: P(position i | position
+  i - 1)).
 * ``--acceptance``: the prior's per-position conditional rates given directly (default from ``--vllm-run``, else
   0.8 everywhere).
 
 The policy file (``format: specmoe_vllm.policy/1``; read by ``specmoe_vllm.policy.load_policy``)::
 
     {"format": "specmoe_vllm.policy/1", "max_drafts": 5, "tolerance": 0.01,
-     "cost": {"fixed": s, "tokens": s, "expert_layers": s, "kv_slots": s, "draft_steps": s, "spec_pass": s},
-     "acceptance": {"prior": {"greedy": [...], "sampled": [...]}, "strength": 20, "request_strength": 8},
+     "cost": {"fixed": s, "rows": s, "tokens": s, "expert_layers": s, "kv_slots": s, "draft_steps": s,
+              "spec_pass": s},
+     "cost_tokens": {... the same terms, expert_layers 0},   # optional: the token-only variant's cost
+     "acceptance": {"prior": {"greedy": [...], "sampled": [...]}, "strength": 20, "request_strength": 32},
      "experts": {"num_layers": L, "num_experts": E, "top_k": K, "fallback": [[...]] * L,
                  "token_ids": [...], "table": [[[...]] * L, ...], "token_counts": [...]},
      "meta": {"sources": {...}}}
@@ -128,68 +132,89 @@ def _expected_union(table: dict[str, Any], tokens: int) -> float:
     return sum(E - sum((1 - min(q, 1.0)) ** tokens for q in f) for f in freq)
 
 
-def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict[str, Any] | None
-                   ) -> dict[str, float]:
-    """Refit ``fixed``, ``tokens``, ``draft_steps`` on the runner's fixed-draft-count runs, every cell (seconds
-    per step = seconds / (tokens / tokens per step / batch), by the runner's CPU seconds where present), the
-    expert and KV terms held at ``prior``'s (their share of a step is subtracted first): least squares on
-    relative error, terms clipped at 0. Verified tokens and draft steps are collinear at one batch size: give
-    cells of two batch sizes or more. A fourth term, the drafter's own pass (every configuration with
-    speculation pays it, also a step that proposes nothing), is fitted on runs with and without speculation as
-    ``spec_pass``: the plugin pays it on every step, or with ``skip_drafter`` only on steps that speculate."""
-    import numpy as np
-
-    xs, ys = [], []
+def _step_samples(run_out: dict[str, Any]) -> list[tuple[int, int, float]]:
+    """(rows, drafts, seconds per step) of every cell of the runner's fixed-draft-count runs (seconds per step =
+    seconds / (tokens / tokens per step / batch), by the runner's CPU seconds where present)."""
+    out = []
     for r in run_out.get("runs", []):
-        n = int(r.get("num_speculative_tokens", 0))
         if r.get("name", "").startswith("plugin"):
             continue  # only fixed draft counts
+        n = int(r.get("num_speculative_tokens", 0))
         for c in r.get("cells") or [r]:
             rows = int(c.get("batch", 1))
-            tps = float(c.get("tokens_per_step") or 1.0)
-            steps = c["tokens"] / tps / rows
+            steps = c["tokens"] / float(c.get("tokens_per_step") or 1.0) / rows
             sec = sum(c.get("cpu_seconds") or c["seconds"])  # CPU time where the runner measured it
-            if steps <= 0 or sec <= 0:
-                continue
-            verified = rows * (1 + n)
-            held = prior.get("expert_layers", 0.0) * (_expected_union(table, verified) if table else 0.0)
-            xs.append([1.0, float(verified), float(n), 1.0 if n > 0 else 0.0])
-            ys.append(max(sec / steps - held, 1e-9))
-    if len(xs) < 2:
-        raise UserError("--vllm-run: need runs with at least two draft counts (configs 0..n) to fit the step cost")
-    x, y = np.array(xs), np.array(ys)
-    if not (x[:, 3] > 0).any() or (x[:, 3] > 0).all():
-        x = x[:, :3]  # without runs both with and without speculation the drafter's own pass cannot be told apart
-    w = 1.0 / y
-    m = x.shape[1]
-    active = list(range(m))
-    coef = np.zeros(m)
-    for _ in range(m):
-        sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
-        coef = np.zeros(m)
-        coef[active] = np.clip(sol, 0, None)
-        if (sol >= 0).all():
-            break
-        active = [a for a, s in zip(active, sol) if s >= 0]
-    out = dict(prior)
-    # the drafter's pass over the step's tokens and the rejection sampler: vLLM pays them on every step once
-    # speculation is configured; the plugin with skip_drafter only on steps that speculate (spec_pass)
-    out.update(fixed=float(coef[0]), tokens=float(coef[1]), draft_steps=float(coef[2]),
-               spec_pass=float(coef[3]) if m > 3 else 0.0)
+            if steps > 0 and sec > 0:
+                out.append((rows, n, sec / steps))
     return out
+
+
+def _nnls_relative(x: Any, y: Any) -> Any:
+    """Non-negative least squares on relative error (each step weighted by 1 / its seconds)."""
+    from scipy.optimize import nnls
+
+    w = 1.0 / y
+    return nnls(x * w[:, None], y * w)[0]
+
+
+def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict[str, Any] | None
+                   ) -> tuple[dict[str, float], dict[str, float] | None]:
+    """The step cost of vLLM's own fixed-draft-count runs (every cell), in the plugin's terms: ``fixed``,
+    ``rows`` (per request of the step), ``tokens`` (verified: rows x (1 + drafts)), ``draft_steps`` (the drafts
+    proposed), ``spec_pass`` (the drafter's own pass and the rejection sampler: every configuration with
+    speculation pays it, also a step that proposes nothing; fitted where runs both with and without speculation
+    exist) and, with a token table, ``expert_layers`` (the expected expert union of the verified tokens, from
+    the table's frequencies). Non-negative least squares on relative error; a term the runs cannot tell apart
+    from another (``rows`` at one batch size; drafts and tokens at one batch size, where rows x (1 + drafts) is
+    collinear with the drafts) is left at 0. ``prior``'s other terms (``kv_slots``) are kept.
+
+    Returns ``(cost, cost_tokens)``: ``cost_tokens`` is the same fit without the expert term, the token-only
+    variant's cost (None without a table, where ``cost`` is already token-only). A step's cost is concave in its
+    token count on a CPU (vLLM's demo target, a Sapphire Rapids: 8 rows x 6 tokens ~42 ms, 8 x 1 ~12 ms,
+    1 x 6 ~19 ms); one coefficient per verified token fitted across batch sizes without ``rows`` and the union
+    over-priced drafts at batch 4 and 8 by 2-3x."""
+    import numpy as np
+
+    samples = _step_samples(run_out)
+    if len({n for _, n, _ in samples}) < 2:
+        raise UserError("--vllm-run: need runs with at least two draft counts (configs 0..n) to fit the step cost")
+    names = ["fixed", "rows", "tokens", "draft_steps", "spec_pass", "expert_layers"]
+    union = {v: _expected_union(table, v) for v in {b * (1 + n) for b, n, _ in samples}} if table else {}
+    x = np.array([[1.0, b, b * (1 + n), n, 1.0 if n > 0 else 0.0, union.get(b * (1 + n), 0.0)]
+                  for b, n, _ in samples])
+    y = np.array([sec for *_, sec in samples])
+    keep = [0, 2, 3]
+    if len(set(x[:, 1])) > 1:
+        keep.insert(1, 1)  # rows: several batch sizes
+    if 0 < x[:, 4].sum() < len(x):
+        keep.append(4)  # spec_pass: runs with and without speculation
+    if len(set(x[:, 1])) == 1:
+        keep.remove(3)  # one batch size: drafts = tokens - rows, priced through tokens
+
+    def fit(cols: list[int]) -> dict[str, float]:
+        coef = _nnls_relative(x[:, cols], y)
+        out = {k: v for k, v in prior.items() if k not in names}
+        out.update({k: 0.0 for k in names})
+        out.update({names[c]: float(v) for c, v in zip(cols, coef)})
+        return out
+
+    if table:
+        return fit(keep + [5]), fit(keep)
+    return fit(keep), None
 
 
 def build_policy(*, token_table: str | None, cost_model: str | None, vllm_run: str | None,
                  acceptance: list[float] | None, max_drafts: int = 5, tolerance: float = 0.01) -> dict[str, Any]:
     table = read_token_table(token_table) if token_table else None
     cost = read_cost_model(cost_model) if cost_model else {}
+    cost_tokens = None
     run_out = None
     if vllm_run:
         try:
             run_out = json.loads(Path(vllm_run).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise UserError(f"--vllm-run {vllm_run}: cannot read it as JSON ({exc})") from None
-        cost = fit_vllm_steps(run_out, cost, table)
+        cost, cost_tokens = fit_vllm_steps(run_out, cost, table)
         if acceptance is None:
             acceptance = acceptance_from_run(run_out)
     if not cost:
@@ -205,9 +230,15 @@ def build_policy(*, token_table: str | None, cost_model: str | None, vllm_run: s
         raise UserError(f"--acceptance: rates must lie in [0, 1], got {prior}")
     policy = {"format": FORMAT, "max_drafts": int(max_drafts), "tolerance": float(tolerance),
               "cost": {k: float(v) for k, v in cost.items()},
+              # request_strength: a request's own factor is shrunk towards the pool by 32 expected accepted
+              # drafts; with 8, two rejected first drafts put a request on the floor, and on the demo's draft
+              # (vLLM, Zen 4, batch 1, T = 0, where a chain of 5 beat no speculation on each of 16 prompts,
+              # 1.04-1.48x) 57-149 of ~430 steps went plain
               "acceptance": {"prior": {"greedy": prior, "sampled": [a * 0.9 for a in prior]}, "strength": 20,
-                             "request_strength": 8},
+                             "request_strength": 32},
               "meta": {"sources": {"table_dir": token_table, "cost_model": cost_model, "vllm_run": vllm_run}}}
+    if cost_tokens is not None:
+        policy["cost_tokens"] = {k: float(v) for k, v in cost_tokens.items()}
     if table is not None:
         policy["experts"] = table
     return policy
@@ -242,7 +273,8 @@ def run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(pol))
     c = pol["cost"]
-    print(f"wrote {out}: cost ms fixed {c['fixed'] * 1e3:.3f}, per token {c['tokens'] * 1e3:.4f}, per expert-layer "
+    print(f"wrote {out}: cost ms fixed {c['fixed'] * 1e3:.3f}, per request {c.get('rows', 0) * 1e3:.3f}, per token "
+          f"{c['tokens'] * 1e3:.4f}, per expert-layer "
           f"{c.get('expert_layers', 0) * 1e3:.4f}, per draft step {c['draft_steps'] * 1e3:.3f}, speculative "
           f"machinery per step {c.get('spec_pass', 0) * 1e3:.3f}; acceptance prior "
           f"{pol['acceptance']['prior']['greedy']}; experts: {'yes' if 'experts' in pol else 'no'}")
