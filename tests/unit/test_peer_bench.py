@@ -117,3 +117,34 @@ def test_argument_checks(models, tmp_path, monkeypatch):
         _args(target=target_dir, drafter_path=draft_dir, engines="specmoe", tree_shapes="t=4/3"))
     assert "--goodput must be a JSON object" in _message(
         _args(target=target_dir, drafter_path=draft_dir, engines="specmoe", goodput="[1]"))
+
+
+def test_plugin_is_judged_against_the_cross_fitted_best_fixed_count():
+    """Six fixed configurations and a plugin of the same true speed, each run timed with ±8 % noise: the
+    in-sample best (the fastest pass of the fastest configuration, as the bench kept it) makes the plugin look ~3 %
+    slower;
+    the cross-fitted one does not (the mean over simulations within 2 % of 1); the vLLM runner's cells become
+    per-(pass, batch) observations."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    xfit, insample = [], []
+    for _ in range(60):
+        draw = lambda: [list(100 * rng.lognormal(0, 0.08, 8)) for _ in range(2)]  # noqa: E731  2 passes x 8
+        fixed = {f"c{i}": draw() for i in range(6)}
+        plugin = draw()
+        r = peer.cross_fitted_vs_fixed(plugin, fixed, fixed["c0"])
+        assert r is not None and r["n"] == 16 and r["lo"] < r["value"] < r["hi"]
+        xfit.append(r["value"])
+        fastest = lambda passes: max(np.mean(p) for p in passes)  # noqa: E731  the bench's "faster pass"
+        insample.append(fastest(plugin) / max(fastest(v) for v in fixed.values()))
+    assert abs(np.mean(xfit) - 1) < 0.02 and np.mean(insample) < 0.98, (np.mean(xfit), np.mean(insample))
+    assert peer.cross_fitted_vs_fixed([[1.0, 2.0]], {"c0": [[1.0]]}, [[1.0, 2.0]]) is None  # batches differ
+    # runner output -> rows: tokens/s per prompt batch, kept per pass
+    out = {"runs": [{"num_speculative_tokens": 0, "startup_s": 1.0, "cells": [
+        {"batch": 2, "temperature": 0.0, "tokens_per_s": 10.0, "tokens": 12, "outputs": [[1] * 4, [1] * 2, [1] * 6],
+         "seconds": [1.0, 2.0]}]}]}
+    best = {}
+    for k in range(2):
+        peer._keep_faster(best, peer._vllm_rows(out), k)
+    assert best["vllm/no_spec/b2_T0"]["tok_s_batches_passes"] == [[6.0, 3.0], [6.0, 3.0]]
