@@ -465,10 +465,10 @@ class GoodputPolicy:
     def _seconds(self, rows: int, tokens: float, union: float, kv: float, k_next: int, spec: float = 1.0) -> float:
         return self.cost.current.seconds(_shape(rows, tokens, union, kv, k_next, spec), self.expert_cost)
 
-    def _base(self, rows: Sequence[Row]) -> tuple[_Union, float, float, float]:
-        """The pass without drafts: its union (roots; prefill tokens as unknown ones), tokens, KV slots, and the
-        tokens it commits for sure (one per decode row)."""
-        union = _Union(self.spec.table if self.expert_cost else None)
+    def _base(self, rows: Sequence[Row], with_union: bool = True) -> tuple[_Union, float, float, float]:
+        """The pass without drafts: its union (roots; prefill tokens as unknown ones; empty without
+        ``with_union``), tokens, KV slots, and the tokens it commits for sure (one per decode row)."""
+        union = _Union(self.spec.table if self.expert_cost and with_union else None)
         tokens, kv, num = 0.0, 0.0, 0.0
         for r in rows:
             tokens += r.extra_tokens + (1 if r.root is not None else 0)
@@ -477,7 +477,7 @@ class GoodputPolicy:
                 union.add(r.root)
                 num += 1.0
         extra = sum(r.extra_tokens for r in rows)
-        if self.expert_cost and extra:  # prefill tokens touch experts too (which ones is not known here)
+        if self.expert_cost and with_union and extra:  # prefill tokens touch experts too (which: not known here)
             union.n += self._joint(union.n, min(extra, 64)) - union.n
         return union, tokens, kv, num
 
@@ -555,7 +555,7 @@ class GoodputPolicy:
         (the tokens this step samples): their union is the expected one of as many unknown tokens, not the union of
         this step's roots (8 rows' first decode step often holds one token eight times: its union priced the floor
         at ~0.7x its measured cost, vLLM on a Zen 4, and every batch took its first 8 steps plain)."""
-        _, tokens, kv, num = self._base(rows)
+        _, tokens, kv, num = self._base(rows, with_union=False)
         chains = self._chains(rows, self.K)
         order = sorted(((p, i) for c in chains.values() for i, p in enumerate(c)), key=lambda x: -x[0])
         c_tok, c_exp = self._coefs()

@@ -455,7 +455,9 @@ def cross_fitted_vs_fixed(plugin: list[list[float]], fixed: dict[str, list[list[
     shape = [len(b) for b in plain]
     if not names or any([len(b) for b in fixed[n]] != shape for n in names) or [len(b) for b in plugin] != shape:
         return None
-    flat = lambda passes: [x for b in passes for x in b]  # noqa: E731
+    def flat(passes: list[list[float]]) -> list[float]:
+        return [x for b in passes for x in b]
+
     iv = cross_fit_ratio([flat(plugin)], [[flat(fixed[n]) for n in names]], [flat(plain)])
     if iv is None:
         return None

@@ -183,13 +183,10 @@ def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict
     x = np.array([[1.0, b, b * (1 + n), n, 1.0 if n > 0 else 0.0, union.get(b * (1 + n), 0.0)]
                   for b, n, _ in samples])
     y = np.array([sec for *_, sec in samples])
-    keep = [0, 2, 3]
-    if len(set(x[:, 1])) > 1:
-        keep.insert(1, 1)  # rows: several batch sizes
+    # one batch size: rows is constant and drafts = tokens - rows, so both are priced through fixed and tokens
+    keep = [0, 1, 2, 3] if len(set(x[:, 1])) > 1 else [0, 2]
     if 0 < x[:, 4].sum() < len(x):
         keep.append(4)  # spec_pass: runs with and without speculation
-    if len(set(x[:, 1])) == 1:
-        keep.remove(3)  # one batch size: drafts = tokens - rows, priced through tokens
 
     def fit(cols: list[int]) -> dict[str, float]:
         coef = _nnls_relative(x[:, cols], y)
