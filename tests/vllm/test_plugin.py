@@ -8,7 +8,8 @@ export-policy`` (the exporter under test too). vLLM runs through ``specmoe_plugi
 script with a ``__main__`` guard run by vLLM's python): no speculation, and EAGLE-3 with up to :data:`K` drafts
 under ``SpecMoEScheduler`` with the expert term (``plugin``) and without (``plugin_tokens``), both skipping the
 drafter on steps that propose nothing (``specmoe_vllm.drafter``, the default), and with the expert term in vLLM's
-own way (``plugin_noskip``: every step pays the drafter's pass), at batch 1, 4 and 8 greedy, and batch 4 at T = 1.
+own way (``plugin_noskip``: every step pays the drafter's pass), at batch 1, 4 and 8 greedy, and batch 4 at T = 1,
+every engine started in one process and measured in turn (the runner's ``interleave``).
 Checked: greedy outputs with the plugin equal vLLM's without speculation, every prompt, every batch size; the budget
 (greedy and T = 1): per request, the drafts vLLM verified at each step (its own ``per_request_spec_decode_metrics:
 detailed`` counts) are exactly the policy's non-zero choices in order (so never more); and the cap is exercised (the
@@ -105,7 +106,7 @@ def served(tmp_path_factory):
                         "plugin": {**plugin, "skip_drafter": False}}],
            "cells": [{"batch": b, "temperature": 0.0} for b in BATCHES] + [{"batch": 4, "temperature": 1.0}],
            "dtype": "float32", "warmup": 1,
-           "ignore_eos": True}
+           "ignore_eos": True, "interleave": True}  # every engine in one process, measured in turn
     (root / "request.json").write_text(json.dumps(req))
     py = Path(VLLM_PYTHON)
     assert py.is_file(), f"SPECMOE_VLLM_PYTHON={VLLM_PYTHON} does not exist: run bash docker/vllm_env.sh"
@@ -205,7 +206,7 @@ def test_a_bad_policy_file_is_one_message(served, tmp_path):
 
 def test_bench_peer_rows_for_the_plugin(served, tmp_path):
     """``platform bench peer --engines vllm --token-table ... --batches 1,4``: the policy exported per pass
-    (cost refitted on the pass's fixed runs), the plugin's rows next to the fixed draft counts in every cell
+    (cost refitted on the fixed runs before it), the plugin's rows next to the fixed draft counts in every cell
     (one variant and one draft here, to keep the test short)."""
     import argparse
 
@@ -219,8 +220,15 @@ def test_bench_peer_rows_for_the_plugin(served, tmp_path):
         "--random-prompts", "8", "--prompts", "4", "--new-tokens", "12", "--max-drafts", "1",
         "--plugin-variants", "plugin", "--passes", "1", "--batches", "1,4", "--token-table", str(root / "token_table"),
         "--cost-model", str(root / "cost_model.json"), "--vllm-python", VLLM_PYTHON, "--no-tracking",
-        "--json", str(tmp_path / "peer.json")])
+        "--json", str(tmp_path / "peer.json"), "--keep-dir", str(tmp_path / "keep")])
     assert peer.run(args) == 0
+    # interleaved (the default): pass 0's policy is refitted on a calibration run of the fixed counts, then every
+    # configuration (fixed and plugin) runs in one process
+    keep = tmp_path / "keep"
+    assert json.loads((keep / "policy_0.json").read_text())["meta"]["sources"]["vllm_run"] == str(
+        keep / "vllm_out_calibration.json")
+    req = json.loads((keep / "vllm_request_0.json").read_text())
+    assert req["interleave"] and [c if isinstance(c, int) else c["name"] for c in req["configs"]] == [0, 1, "plugin"]
     rows = json.loads((tmp_path / "peer.json").read_text())["rows"]
     for sfx in ("", "/b4_T0"):
         m = rows[f"vllm/plugin{sfx}"]

@@ -35,8 +35,13 @@ tokens/s. Both engines stop at the target's EOS ids or after ``--new-tokens``.
 **Load.** The engines are measured in ``--passes`` alternating passes (vLLM, specmoe, vLLM, specmoe, ...), each
 pass every method on every prompt; per row the pass with the higher tokens/s is kept, with its own tokens per
 step and acceptance (greedy chains are identical across passes; calibrated selectors learn within a pass). So
-background load that comes and goes hits both engines alike, and each keeps its least-disturbed pass. One
-thread per engine (``--threads``; vLLM: ``OMP_NUM_THREADS``, ``VLLM_CPU_OMP_THREADS_BIND=nobind``).
+background load that comes and goes hits both engines alike, and each keeps its least-disturbed pass. Within a
+vLLM pass the configurations (fixed counts and plugin variants) run side by side in one process, in turn per
+prompt batch (``--vllm-order interleaved``, the default): on a shared cloud machine a process's speed drifts over
+minutes, which one-engine-after-the-other measurement (``sequential``) charges to whichever configuration ran
+then. The plugin's policy is then refitted on the previous pass's fixed runs (pass 0: on a
+calibration run first). One thread per engine (``--threads``; vLLM: ``OMP_NUM_THREADS``,
+``VLLM_CPU_OMP_THREADS_BIND=nobind``).
 
 Results go to MLflow (experiment ``bench_peer``; ``--tracking-uri``, default ``$MLFLOW_TRACKING_URI`` or
 ``./mlflow.db``; ``--no-tracking``) and, with ``--json``, to a file.
@@ -89,6 +94,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin-clock", default="process", choices=("process", "wall"),
                    help="how the plugin's online cost refit times vLLM's steps: the engine process's CPU time "
                         "(default: load-independent on a shared machine) or wall clock")
+    p.add_argument("--vllm-order", default="interleaved", choices=("interleaved", "sequential"),
+                   help="vLLM's configurations per pass: every engine in one process, measured in turn per prompt "
+                        "batch (default: a drift of the machine's speed hits all alike), or one engine after the "
+                        "other")
     p.add_argument("--batches", default="1", help="vLLM batch sizes (requests per generate call), e.g. 1,4,8")
     p.add_argument("--temperatures", default="0", help="vLLM sampling temperatures, e.g. 0,1")
     p.add_argument("--predictor", default="router_on_embedding", help="expert predictor of ecospec / goodput")
@@ -247,13 +256,16 @@ def agreement(outputs: list[list[int]], reference: list[list[int]], eos: set[int
 
 def run_vllm(args: argparse.Namespace, prompts: list[list[int]], workdir: Path, tag: str,
              configs: list[Any] | None = None) -> dict[str, Any]:
-    """One pass of vLLM (every config on every prompt and cell) in its own environment; the runner's JSON."""
+    """One pass of vLLM (every config on every prompt and cell) in its own environment; the runner's JSON.
+    ``--vllm-order interleaved``: the configs' engines side by side in one process, measured in turn per prompt
+    batch."""
     from specmoe.errors import UserError
 
     req = {"target": str(Path(args.target).resolve()), "draft": str(Path(args.drafter_path).resolve()),
            "prompts": prompts, "max_new_tokens": args.new_tokens,
            "configs": configs if configs is not None else list(range(args.max_drafts + 1)),
-           "cells": _cells(args), "dtype": args.dtype, "repeats": 1, "warmup": 1, "ignore_eos": False}
+           "cells": _cells(args), "dtype": args.dtype, "repeats": 1, "warmup": 1, "ignore_eos": False,
+           "interleave": getattr(args, "vllm_order", "sequential") == "interleaved"}
     rq, out = workdir / f"vllm_request_{tag}.json", workdir / f"vllm_out_{tag}.json"
     rq.write_text(json.dumps(req))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -266,27 +278,55 @@ def run_vllm(args: argparse.Namespace, prompts: list[list[int]], workdir: Path, 
     return json.loads(out.read_text())
 
 
-def run_vllm_plugin(args: argparse.Namespace, prompts: list[list[int]], workdir: Path, tag: str,
-                    fixed: dict[str, Any], fixed_path: Path) -> dict[str, Any] | None:
-    """The plugin's rows: its policy (given, or exported from the token table / cost model with the cost refitted
-    on this pass's fixed runs ``fixed_path``), then vLLM with SpecMoEScheduler per variant."""
+def plugin_configs(args: argparse.Namespace, workdir: Path, tag: str, fixed_path: Path | None) -> tuple[
+        list[dict[str, Any]], str | None]:
+    """The plugin's configs (one per variant) and its policy file: given (``--plugin-policy``), or exported from
+    the token table / cost model with the step cost refitted on the fixed-draft-count runs in ``fixed_path`` (a
+    runner output). No configs without a plugin."""
     from specmoe_plugins.peers.vllm import export
 
     if not (args.plugin_policy or args.token_table):
-        return None
+        return [], None
     policy = args.plugin_policy
     if not policy:
         pol = export.build_policy(token_table=args.token_table, cost_model=args.cost_model,
-                                  vllm_run=str(fixed_path), acceptance=None, max_drafts=args.max_drafts)
+                                  vllm_run=str(fixed_path) if fixed_path else None, acceptance=None,
+                                  max_drafts=args.max_drafts)
         policy = str(workdir / f"policy_{tag}.json")
         Path(policy).write_text(json.dumps(pol))
     variants = [v.strip() for v in args.plugin_variants.split(",") if v.strip()]
-    configs = [{"name": v, "num_speculative_tokens": args.max_drafts,
-                "plugin": {"policy": str(Path(policy).resolve()), "expert_cost": v != "plugin_tokens",
-                           "skip_drafter": v != "plugin_noskip", "clock": args.plugin_clock}} for v in variants]
-    out = run_vllm(args, prompts, workdir, f"plugin_{tag}", configs)
-    out["policy"] = json.loads(Path(policy).read_text()).get("cost")
-    return out
+    return [{"name": v, "num_speculative_tokens": args.max_drafts,
+             "plugin": {"policy": str(Path(policy).resolve()), "expert_cost": v != "plugin_tokens",
+                        "skip_drafter": v != "plugin_noskip", "clock": args.plugin_clock}} for v in variants], policy
+
+
+def run_vllm_pass(args: argparse.Namespace, prompts: list[list[int]], workdir: Path, k: int) -> list[dict[str, Any]]:
+    """Pass ``k`` of vLLM: the fixed configurations and the plugin's variants; the runner outputs.
+
+    Sequential: the fixed configurations, then the plugin with a policy refitted on them (two processes).
+    Interleaved: one process, every configuration in turn per prompt batch, the plugin's policy refitted on the
+    previous pass's fixed runs (pass 0: on a calibration run of the fixed configurations first, kept out of the
+    results), so that no configuration is judged on runs its policy was fitted on either."""
+    fixed = list(range(args.max_drafts + 1))
+    if getattr(args, "vllm_order", "sequential") != "interleaved":
+        out = run_vllm(args, prompts, workdir, str(k), fixed)
+        configs, policy = plugin_configs(args, workdir, str(k), workdir / f"vllm_out_{k}.json")
+        if not configs:
+            return [out]
+        plug = run_vllm(args, prompts, workdir, f"plugin_{k}", configs)
+        plug["policy"] = json.loads(Path(policy).read_text()).get("cost")
+        return [out, plug]
+    source = None
+    if args.token_table and not args.plugin_policy:
+        source = workdir / f"vllm_out_{k - 1}.json"
+        if k == 0:
+            run_vllm(args, prompts, workdir, "calibration", fixed)
+            source = workdir / "vllm_out_calibration.json"
+    configs, policy = plugin_configs(args, workdir, str(k), source)
+    out = run_vllm(args, prompts, workdir, str(k), fixed + configs)
+    if policy:
+        out["policy"] = json.loads(Path(policy).read_text()).get("cost")
+    return [out]
 
 
 @contextlib.contextmanager
@@ -485,13 +525,13 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
         Path(tmp).mkdir(parents=True, exist_ok=True)
         for k in range(args.passes):
             if "vllm" in engines:
-                out = run_vllm(args, prompts, Path(tmp), str(k))
-                meta = {key: out[key] for key in ("vllm_version", "torch_version", "cpu", "threads")}
-                _keep_faster(best, _vllm_rows(out), k)
-                plug = run_vllm_plugin(args, prompts, Path(tmp), str(k), out, Path(tmp) / f"vllm_out_{k}.json")
-                if plug is not None:
-                    meta["plugin_cost"] = plug["policy"]
-                    _keep_faster(best, _vllm_rows(plug), k)
+                rows: dict[str, dict[str, Any]] = {}
+                for out in run_vllm_pass(args, prompts, Path(tmp), k):
+                    meta.update({key: out[key] for key in ("vllm_version", "torch_version", "cpu", "threads")})
+                    if "policy" in out:
+                        meta["plugin_cost"] = out["policy"]
+                    rows.update(_vllm_rows(out))
+                _keep_faster(best, rows, k)
             if "specmoe" in engines:
                 _keep_faster(best, run_specmoe(target, args, prompts), k)
     eos = {int(t) for t in target.eos_token_ids}
@@ -602,7 +642,8 @@ def _track(r: dict[str, Any], args: argparse.Namespace) -> str | None:
     params.update(vllm_version=(r["vllm"] or {}).get("vllm_version"), engines=args.engines,
                   dataset=args.dataset, max_drafts=args.max_drafts, tree_shapes=args.tree_shapes,
                   batches=args.batches, temperatures=args.temperatures, plugin_policy=args.plugin_policy,
-                  token_table=args.token_table, cost_model=args.cost_model)
+                  token_table=args.token_table, cost_model=args.cost_model,
+                  vllm_order=getattr(args, "vllm_order", "sequential"))
     tags = {"specmoe.bench": "peer", BENCH_TAG[0]: BENCH_TAG[1]}
     with tracker.run(f"bench_peer_{r['dtype']}", params=params, tags=tags) as h:
         metrics: dict[str, float | None] = {}

@@ -7,7 +7,8 @@ This file runs **inside vLLM's own virtual environment** (``docker/vllm_env.sh``
 
 It imports nothing from specmoe (vLLM pins another ``transformers``): only vLLM, torch and the standard
 library. The request names the checkpoints and prompts; one vLLM engine is started per *config* (no
-speculation, or EAGLE-3 with ``num_speculative_tokens`` drafts), each runs every prompt greedily at batch 1.
+speculation, or EAGLE-3 with ``num_speculative_tokens`` drafts), each runs every prompt of every cell; one after
+the other, or all started first and measured in turn (``interleave``).
 
 Request (JSON object)::
 
@@ -28,6 +29,10 @@ Request (JSON object)::
                                              # per generate call, sampled at `temperature` (seed per prompt)
       "dtype": "float32",                    # float32 | bfloat16
       "repeats": 1,                          # each prompt timed this many times, the fastest kept
+      "interleave": false,                   # true: every config's engine started first, in this process, and
+                                             # the configs run in turn per prompt group (order rotated), so
+                                             # their ratios are paired in time (needs memory for every engine:
+                                             # VLLM_CPU_KVCACHE_SPACE GiB each)
       "warmup": 1,                           # untimed prompts run first on every engine
       "max_model_len": 2048,
       "enforce_eager": true,                 # false: vLLM's torch.compile path (slower start-up)
@@ -56,7 +61,8 @@ Output (JSON object)::
           "cpu_seconds": [...], "tokens_per_cpu_s": 260.3,   # the same by this process's CPU time (one
                                              # OpenMP thread, engine in-process: what a loaded machine's
                                              # other processes do not add)
-          # only with speculation (counted over one pass of the prompts: the first repeat):
+          # only with speculation (counted over one pass of the prompts, the first repeat, from vLLM's
+          # per-request metrics of these requests: what vllm:spec_decode_* count for this engine alone):
           "drafts": 400,                     # speculative steps (vllm:spec_decode_num_drafts)
           "draft_tokens": 1200,              # vllm:spec_decode_num_draft_tokens
           "accepted_tokens": 980,            # vllm:spec_decode_num_accepted_tokens
@@ -94,10 +100,6 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-_SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-                  "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
-
-
 def _fail(msg: str) -> None:
     print(f"vllm_runner: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -114,25 +116,25 @@ def _cpu_name() -> str:
     return "unknown"
 
 
-def _spec_metrics(llm) -> dict:
-    """The speculative-decoding counters of the engine so far (summed over labels)."""
-    out: dict = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_pos": []}
-    for m in llm.get_metrics():
-        if m.name in _SPEC_COUNTERS:
-            out[_SPEC_COUNTERS[m.name]] += int(m.value)
-        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            vals = [int(v) for v in m.values]
-            acc = out["accepted_per_pos"]
-            out["accepted_per_pos"] = [a + b for a, b in zip(acc + [0] * len(vals), vals)] if acc else vals
-    return out
-
-
-def _delta(after: dict, before: dict) -> dict:
-    per = [a - (before["accepted_per_pos"][i] if i < len(before["accepted_per_pos"]) else 0)
-           for i, a in enumerate(after["accepted_per_pos"])]
-    out = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted_tokens")}
-    out["accepted_per_pos"] = per
-    d = max(out["drafts"], 1)
+def _spec_counters(results, n_spec: int) -> dict:
+    """The speculative-decoding counters of these requests, from vLLM's per-request metrics (the histogram of
+    accepted drafts per verify step, ``per_request_spec_decode_metrics``): vLLM's own counters
+    (``vllm:spec_decode_num_drafts`` ...) are the same numbers summed over the *process*, which holds every
+    engine when the runner interleaves them."""
+    hist = [0] * (n_spec + 1)
+    draft_tokens = 0
+    for res in results:
+        m = res.outputs[0].spec_decode_metrics if res.outputs else None
+        if m is None:
+            continue
+        for j, c in enumerate(m.histogram[: n_spec + 1]):
+            hist[j] += int(c)
+        draft_tokens += int(m.num_draft_tokens)
+    drafts = sum(hist)
+    per = [sum(hist[d + 1:]) for d in range(n_spec)]  # steps that accepted at least d + 1 drafts
+    out = {"drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": sum(j * c for j, c in enumerate(hist)),
+           "accepted_per_pos": per}
+    d = max(drafts, 1)
     out["acceptance_per_pos"] = [round(a / d, 6) for a in per]
     out["tokens_per_step"] = round(1 + out["accepted_tokens"] / d, 6)
     return out
@@ -238,9 +240,9 @@ def _budget(log: list[dict], results) -> dict:
             "budget_checked_steps": checked, "per_request": detail}
 
 
-def run_config(req: dict, config, workdir: str = ".") -> dict:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+def _start(req: dict, config, workdir: str) -> dict:
+    """One config's engine: {"cfg", "llm", "log", "startup"}."""
+    from vllm import LLM
 
     cfg = _config(config)
     n_spec, plugin = cfg["n"], cfg["plugin"]
@@ -270,61 +272,100 @@ def run_config(req: dict, config, workdir: str = ".") -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if req.get("multiprocessing", False) else "0"
     t0 = time.perf_counter()
     llm = LLM(**kw)
-    startup = time.perf_counter() - t0
+    return {"cfg": cfg, "llm": llm, "log": log_path, "startup": time.perf_counter() - t0}
+
+
+def _measure_cell(req: dict, engines: list[dict], cell: dict) -> list[dict]:
+    """One cell on every engine: per prompt group, each engine in turn (the order rotated group by group and
+    repeat by repeat, so a drift of the machine's speed hits every engine alike); per engine the cell's entry."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
     prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in req["prompts"]]
     repeats = max(1, int(req.get("repeats", 1)))
-    done = []
-    for cell in cells:
-        batch, temp = int(cell.get("batch", 1)), float(cell.get("temperature", 0.0))
+    batch, temp = int(cell.get("batch", 1)), float(cell.get("temperature", 0.0))
 
-        def params(i: int, temp: float = temp):
-            return SamplingParams(temperature=temp, max_tokens=int(req["max_new_tokens"]),
-                                  ignore_eos=bool(req.get("ignore_eos", True)), detokenize=False,
-                                  seed=(1000 + i) if temp > 0 else None)
+    def params(i: int):
+        return SamplingParams(temperature=temp, max_tokens=int(req["max_new_tokens"]),
+                              ignore_eos=bool(req.get("ignore_eos", True)), detokenize=False,
+                              seed=(1000 + i) if temp > 0 else None)
 
-        groups = [list(range(i, min(i + batch, len(prompts)))) for i in range(0, len(prompts), batch)]
+    groups = [list(range(i, min(i + batch, len(prompts)))) for i in range(0, len(prompts), batch)]
+    for e in engines:
         for g in groups[: int(req.get("warmup", 1))]:
-            llm.generate([prompts[i] for i in g], [params(i) for i in g], use_tqdm=False)
-        outputs: list = [None] * len(prompts)
-        seconds, cpu, spec, results, log_start = [], [], None, [], len(_read_log(log_path))
-        log_rounds: list[dict] = []
-        drafter_before = _drafter_counters(llm) if plugin is not None else None
-        for r in range(repeats):
-            before = _spec_metrics(llm) if n_spec > 0 and r == 0 else None
-            for j, g in enumerate(groups):
+            e["llm"].generate([prompts[i] for i in g], [params(i) for i in g], use_tqdm=False)
+    st = [{"outputs": [None] * len(prompts), "seconds": [], "cpu": [], "spec": None, "results": [],
+           "log_start": len(_read_log(e["log"])), "log": [],
+           "drafter": _drafter_counters(e["llm"]) if e["cfg"]["plugin"] is not None else None} for e in engines]
+    for r in range(repeats):
+        for j, g in enumerate(groups):
+            shift = (j + r) % len(engines)
+            for k in list(range(len(engines)))[shift:] + list(range(len(engines)))[:shift]:
+                s = st[k]
                 t, tc = time.perf_counter(), time.process_time()
-                res = llm.generate([prompts[i] for i in g], [params(i) for i in g], use_tqdm=False)
+                res = engines[k]["llm"].generate([prompts[i] for i in g], [params(i) for i in g], use_tqdm=False)
                 dt, dc = time.perf_counter() - t, time.process_time() - tc
                 if r == 0:
-                    results.extend(res)
+                    s["results"].extend(res)
                     for i, o in zip(g, res):
-                        outputs[i] = [int(x) for x in o.outputs[0].token_ids]
-                    seconds.append(dt)
-                    cpu.append(dc)
+                        s["outputs"][i] = [int(x) for x in o.outputs[0].token_ids]
+                    s["seconds"].append(dt)
+                    s["cpu"].append(dc)
                 else:
-                    seconds[j] = min(seconds[j], dt)
-                    cpu[j] = min(cpu[j], dc)
-            if before is not None:
-                spec = _delta(_spec_metrics(llm), before)
-            if r == 0 and plugin is not None:
-                log_rounds = _read_log(log_path)[log_start:]
-        tokens = sum(len(o) for o in outputs)
-        out = {"batch": batch, "temperature": temp, "outputs": outputs, "seconds": [round(x, 6) for x in seconds],
-               "cpu_seconds": [round(x, 6) for x in cpu], "tokens": tokens,
-               "tokens_per_s": round(tokens / max(sum(seconds), 1e-9), 3),
-               "tokens_per_cpu_s": round(tokens / max(sum(cpu), 1e-9), 3)}
-        if spec is not None:
-            out.update(spec)
-        if plugin is not None:
-            out["plugin"] = _budget(log_rounds, results)
-            counters = _drafter_counters(llm)
-            if counters is not None and drafter_before is not None:
-                out["plugin"]["drafter"] = {k: v - drafter_before.get(k, 0) for k, v in counters.items()}
+                    s["seconds"][j] = min(s["seconds"][j], dt)
+                    s["cpu"][j] = min(s["cpu"][j], dc)
+        for e, s in zip(engines, st):
+            if r == 0 and e["cfg"]["n"] > 0:
+                s["spec"] = _spec_counters(s["results"], e["cfg"]["n"])
+            if r == 0 and e["cfg"]["plugin"] is not None:
+                s["log"] = _read_log(e["log"])[s["log_start"]:]
+    done = []
+    for e, s in zip(engines, st):
+        tokens = sum(len(o) for o in s["outputs"])
+        out = {"batch": batch, "temperature": temp, "outputs": s["outputs"],
+               "seconds": [round(x, 6) for x in s["seconds"]], "cpu_seconds": [round(x, 6) for x in s["cpu"]],
+               "tokens": tokens, "tokens_per_s": round(tokens / max(sum(s["seconds"]), 1e-9), 3),
+               "tokens_per_cpu_s": round(tokens / max(sum(s["cpu"]), 1e-9), 3)}
+        if s["spec"] is not None:
+            out.update(s["spec"])
+        if e["cfg"]["plugin"] is not None:
+            out["plugin"] = _budget(s["log"], s["results"])
+            counters = _drafter_counters(e["llm"])
+            if counters is not None and s["drafter"] is not None:
+                out["plugin"]["drafter"] = {k: v - s["drafter"].get(k, 0) for k, v in counters.items()}
         done.append(out)
-    run = {"name": cfg["name"], "num_speculative_tokens": int(n_spec), "startup_s": round(startup, 3),
-           **{k: v for k, v in done[0].items() if k not in ("batch", "temperature")}, "cells": done}
-    del llm
-    return run
+    return done
+
+
+def _run_entry(e: dict, cells: list[dict]) -> dict:
+    cfg = e["cfg"]
+    return {"name": cfg["name"], "num_speculative_tokens": int(cfg["n"]), "startup_s": round(e["startup"], 3),
+            **{k: v for k, v in cells[0].items() if k not in ("batch", "temperature")}, "cells": cells}
+
+
+def run_configs(req: dict, workdir: str = ".", on_run=None) -> list[dict]:
+    """Every config of the request on every cell: one engine at a time (``on_run`` gets each run as it ends), or,
+    with ``"interleave": true``, every engine started first and the configs measured in turn prompt group by prompt
+    group (one process, engine in-process: the ratios between configs are paired in time)."""
+    cells = req.get("cells") or [{"batch": 1, "temperature": 0.0}]
+    configs = req.get("configs", [0])
+    if not req.get("interleave"):
+        runs = []
+        for c in configs:
+            e = _start(req, c, workdir)
+            runs.append(_run_entry(e, [_measure_cell(req, [e], cell)[0] for cell in cells]))
+            del e
+            if on_run is not None:
+                on_run(runs)
+        return runs
+    if req.get("multiprocessing", False):
+        _fail("'interleave' runs every engine in this process: leave 'multiprocessing' false")
+    engines = [_start(req, c, workdir) for c in configs]
+    per_cell = [_measure_cell(req, engines, cell) for cell in cells]
+    runs = [_run_entry(e, [pc[k] for pc in per_cell]) for k, e in enumerate(engines)]
+    if on_run is not None:
+        on_run(runs)
+    return runs
 
 
 def main(argv: list[str]) -> None:
@@ -345,10 +386,13 @@ def main(argv: list[str]) -> None:
            "dtype": req.get("dtype", "float32"), "threads": int(os.environ["OMP_NUM_THREADS"]),
            "cpu": _cpu_name(), "max_new_tokens": int(req["max_new_tokens"]), "runs": []}
     workdir = os.path.dirname(os.path.abspath(argv[2]))
-    for c in req.get("configs", [0]):
-        out["runs"].append(run_config(req, c, workdir))
-        with open(argv[2], "w") as f:  # partial results survive a later config's failure
+
+    def write(runs: list[dict]) -> None:  # partial results survive a later config's failure
+        out["runs"] = list(runs)
+        with open(argv[2], "w") as f:
             json.dump(out, f, indent=1)
+
+    run_configs(req, workdir, write)
 
 
 if __name__ == "__main__":
