@@ -73,11 +73,11 @@ def test_vllm_runs_refit_the_step_cost_and_give_the_acceptance_prior(tmp_path):
     for n in range(4):
         tps = 1 + 0.8 * n
         steps = 100
+        acc = {"drafts": steps, "acceptance_per_pos": [0.9, 0.72, 0.36][:n]} if n else {}
         cells = [{"batch": b, "tokens": int(steps * tps * b), "tokens_per_step": tps,
-                  "seconds": [steps * (2e-3 + 3e-4 * b * (1 + n) + 5e-4 * n + 4e-4 * (n > 0))]}
+                  "seconds": [steps * (2e-3 + 3e-4 * b * (1 + n) + 5e-4 * n + 4e-4 * (n > 0))], **acc}
                  for b in (1, 4)]
-        runs.append({"num_speculative_tokens": n, **cells[0], "cells": cells,
-                     **({"drafts": steps, "acceptance_per_pos": [0.9, 0.72, 0.36][:n]} if n else {})})
+        runs.append({"num_speculative_tokens": n, **cells[0], "cells": cells})
     out = {"runs": runs}
     fit, fit_tokens = export.fit_vllm_steps(out, {}, None)
     assert fit_tokens is None  # no table: the cost is token-only already
@@ -90,6 +90,43 @@ def test_vllm_runs_refit_the_step_cost_and_give_the_acceptance_prior(tmp_path):
     pol = export.build_policy(token_table=None, cost_model=None, vllm_run=str(tmp_path / "run.json"),
                               acceptance=None)
     assert pol["acceptance"]["prior"]["greedy"] == pytest.approx([0.9, 0.8, 0.5]) and "experts" not in pol
+
+
+def test_the_fit_prices_sampled_tokens_apart():
+    """Cells at T = 0 and T = 1 whose T = 1 steps cost 0.3 ms more per verified token: the fit's
+    ``sampled_tokens`` recovers it and the other terms stay those of the T = 0 steps."""
+    runs = []
+    for n in range(4):
+        tps = 1 + 0.8 * n
+        cells = []
+        for b in (1, 4, 8):
+            for t in (0.0, 1.0):
+                sec = 2e-3 + 2e-4 * b + 3e-4 * b * (1 + n) * (2 if t else 1) + 5e-4 * n + 4e-4 * (n > 0)
+                cells.append({"batch": b, "temperature": t, "tokens": int(100 * tps * b), "tokens_per_step": tps,
+                              "seconds": [100 * sec]})
+        runs.append({"name": f"eagle3_chain{n}", "num_speculative_tokens": n, **cells[0], "cells": cells})
+    fit, _ = export.fit_vllm_steps({"runs": runs}, {}, None)
+    assert fit["sampled_tokens"] == pytest.approx(3e-4, rel=0.05)
+    assert fit["tokens"] == pytest.approx(3e-4, rel=0.05) and fit["fixed"] == pytest.approx(2e-3, rel=0.05)
+    t0 = [{**r, "cells": [c for c in r["cells"] if c["temperature"] == 0.0]} for r in runs]
+    assert export.fit_vllm_steps({"runs": t0}, {}, None)[0]["sampled_tokens"] == 0.0  # one kind: not fitted
+
+
+def test_acceptance_prior_by_kind_pools_the_longest_fixed_chains_cells():
+    """Greedy and sampled priors come from the longest *fixed* chain's T = 0 and T > 0 cells (pooled over batch
+    sizes by their drafts); a plugin run with as many drafts is not a fixed chain. Without sampled cells the
+    sampled prior is 0.9 x greedy."""
+    def cell(b, t, drafts, per_pos):
+        return {"batch": b, "temperature": t, "tokens": 100, "tokens_per_step": 2.0, "seconds": [1.0],
+                "drafts": drafts, "accepted_per_pos": per_pos}
+    chain = {"name": "eagle3_chain2", "num_speculative_tokens": 2, "drafts": 100,
+             "cells": [cell(1, 0.0, 100, [90, 45]), cell(4, 0.0, 300, [270, 135]), cell(1, 1.0, 200, [20, 10])]}
+    plugin = {"name": "plugin", "num_speculative_tokens": 2, "drafts": 50, "cells": [cell(1, 0.0, 50, [1, 0])]}
+    out = {"runs": [{"name": "no_spec", "num_speculative_tokens": 0, "cells": [cell(1, 0.0, 0, [])]}, chain, plugin]}
+    assert export.acceptance_from_run(out) == pytest.approx([0.9, 0.5])
+    assert export.acceptance_from_run(out, sampled=True) == pytest.approx([0.1, 0.5])
+    chain["cells"] = chain["cells"][:2]
+    assert export.acceptance_from_run(out, sampled=True) is None
 
 
 # vLLM's CPU step seconds of the demo's target + EAGLE-3 draft on a Sapphire Rapids (bench peer, fp32, T = 0):

@@ -16,7 +16,7 @@ a1,a2,...] --out policy.json`` reads *files* only (no stage module is imported):
   ``rows``, ``tokens``, ``draft_steps``, ``spec_pass`` and (with ``--token-table``) ``expert_layers`` terms
   (:func:`fit_vllm_steps`; the same fit without the expert term is the token-only variant's ``cost_tokens``),
   and the longest chain's per-position acceptance is the acceptance prior (conditional: P(position i | position
-  i - 1)).
+  i - 1)), greedy from its T = 0 cells, sampled from its T > 0 cells (without any: 0.9 x greedy).
 * ``--acceptance``: the prior's per-position conditional rates given directly (default from ``--vllm-run``, else
   0.8 everywhere).
 
@@ -106,17 +106,27 @@ def read_cost_model(path: str | Path) -> dict[str, float]:
     return out
 
 
-def acceptance_from_run(run_out: dict[str, Any]) -> list[float] | None:
-    """Conditional per-position acceptance of the longest chain in a vllm_runner output."""
-    spec = [r for r in run_out.get("runs", []) if r.get("num_speculative_tokens", 0) > 0 and r.get("drafts")]
+def acceptance_from_run(run_out: dict[str, Any], sampled: bool = False) -> list[float] | None:
+    """Conditional per-position acceptance of the longest fixed chain in a vllm_runner output, pooled over its
+    cells of one kind: greedy (T = 0) or ``sampled`` (T > 0; a sampled draft is accepted far less often than a
+    greedy one: on the demo's draft 0.05-0.17 at position 1 against 0.85). None where the run has no such cell."""
+    spec = [r for r in run_out.get("runs", []) if r.get("num_speculative_tokens", 0) > 0 and r.get("drafts")
+            and not r.get("name", "").startswith("plugin")]
     if not spec:
         return None
     r = max(spec, key=lambda x: x["num_speculative_tokens"])
-    acc = r["acceptance_per_pos"]
-    cond, prev = [], 1.0
-    for a in acc:
+    cells = [c for c in r.get("cells") or [r] if (float(c.get("temperature", 0.0)) > 0) == sampled
+             and c.get("drafts")]
+    if not cells:
+        return None
+    drafts = sum(int(c["drafts"]) for c in cells)
+    # accepted_per_pos (counts) where the runner wrote them, else the rates times the drafts
+    counts = [sum(c["accepted_per_pos"][i] if c.get("accepted_per_pos") else c["acceptance_per_pos"][i] * c["drafts"]
+                  for c in cells) for i in range(int(r["num_speculative_tokens"]))]
+    cond, prev = [], float(drafts)
+    for a in counts:
         cond.append(min(1.0, a / prev) if prev > 0 else 0.0)
-        prev = a
+        prev = float(a)
     return [round(c, 6) for c in cond]
 
 
@@ -132,9 +142,10 @@ def _expected_union(table: dict[str, Any], tokens: int) -> float:
     return sum(E - sum((1 - min(q, 1.0)) ** tokens for q in f) for f in freq)
 
 
-def _step_samples(run_out: dict[str, Any]) -> list[tuple[int, int, float]]:
-    """(rows, drafts, seconds per step) of every cell of the runner's fixed-draft-count runs (seconds per step =
-    seconds / (tokens / tokens per step / batch), by the runner's CPU seconds where present)."""
+def _step_samples(run_out: dict[str, Any]) -> list[tuple[int, int, float, bool]]:
+    """(rows, drafts, seconds per step, sampled) of every cell of the runner's fixed-draft-count runs (seconds per
+    step = seconds / (tokens / tokens per step / batch), by the runner's CPU seconds where present; sampled: the
+    cell's temperature > 0)."""
     out = []
     for r in run_out.get("runs", []):
         if r.get("name", "").startswith("plugin"):
@@ -145,7 +156,7 @@ def _step_samples(run_out: dict[str, Any]) -> list[tuple[int, int, float]]:
             steps = c["tokens"] / float(c.get("tokens_per_step") or 1.0) / rows
             sec = sum(c.get("cpu_seconds") or c["seconds"])  # CPU time where the runner measured it
             if steps > 0 and sec > 0:
-                out.append((rows, n, sec / steps))
+                out.append((rows, n, sec / steps, float(c.get("temperature", 0.0)) > 0))
     return out
 
 
@@ -163,7 +174,8 @@ def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict
     ``rows`` (per request of the step), ``tokens`` (verified: rows x (1 + drafts)), ``draft_steps`` (the drafts
     proposed), ``spec_pass`` (the drafter's own pass and the rejection sampler: every configuration with
     speculation pays it, also a step that proposes nothing; fitted where runs both with and without speculation
-    exist) and, with a token table, ``expert_layers`` (the expected expert union of the verified tokens, from
+    exist), ``sampled_tokens`` (the verified tokens of cells at T > 0; fitted where both kinds of cell exist:
+    vLLM's T = 1 steps of the demo cost 0.7-1.9 ms more than T = 0 ones, a Zen 4) and, with a token table, ``expert_layers`` (the expected expert union of the verified tokens, from
     the table's frequencies). Non-negative least squares on relative error; a term the runs cannot tell apart
     from another (``rows`` at one batch size; drafts and tokens at one batch size, where rows x (1 + drafts) is
     collinear with the drafts) is left at 0. ``prior``'s other terms (``kv_slots``) are kept.
@@ -176,17 +188,19 @@ def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict
     import numpy as np
 
     samples = _step_samples(run_out)
-    if len({n for _, n, _ in samples}) < 2:
+    if len({n for _, n, _, _ in samples}) < 2:
         raise UserError("--vllm-run: need runs with at least two draft counts (configs 0..n) to fit the step cost")
-    names = ["fixed", "rows", "tokens", "draft_steps", "spec_pass", "expert_layers"]
-    union = {v: _expected_union(table, v) for v in {b * (1 + n) for b, n, _ in samples}} if table else {}
-    x = np.array([[1.0, b, b * (1 + n), n, 1.0 if n > 0 else 0.0, union.get(b * (1 + n), 0.0)]
-                  for b, n, _ in samples])
-    y = np.array([sec for *_, sec in samples])
+    names = ["fixed", "rows", "tokens", "draft_steps", "spec_pass", "expert_layers", "sampled_tokens"]
+    union = {v: _expected_union(table, v) for v in {b * (1 + n) for b, n, _, _ in samples}} if table else {}
+    x = np.array([[1.0, b, b * (1 + n), n, 1.0 if n > 0 else 0.0, union.get(b * (1 + n), 0.0),
+                   b * (1 + n) if smp else 0.0] for b, n, _, smp in samples])
+    y = np.array([sec for _, _, sec, _ in samples])
     # one batch size: rows is constant and drafts = tokens - rows, so both are priced through fixed and tokens
     keep = [0, 1, 2, 3] if len(set(x[:, 1])) > 1 else [0, 2]
     if 0 < x[:, 4].sum() < len(x):
         keep.append(4)  # spec_pass: runs with and without speculation
+    if 0 < (x[:, 6] > 0).sum() < len(x):
+        keep.append(6)  # sampled_tokens: cells at T = 0 and T > 0
 
     def fit(cols: list[int]) -> dict[str, float]:
         coef = _nnls_relative(x[:, cols], y)
@@ -205,7 +219,7 @@ def build_policy(*, token_table: str | None, cost_model: str | None, vllm_run: s
     table = read_token_table(token_table) if token_table else None
     cost = read_cost_model(cost_model) if cost_model else {}
     cost_tokens = None
-    run_out = None
+    run_out = sampled = None
     if vllm_run:
         try:
             run_out = json.loads(Path(vllm_run).read_text())
@@ -214,6 +228,7 @@ def build_policy(*, token_table: str | None, cost_model: str | None, vllm_run: s
         cost, cost_tokens = fit_vllm_steps(run_out, cost, table)
         if acceptance is None:
             acceptance = acceptance_from_run(run_out)
+        sampled = acceptance_from_run(run_out, sampled=True)
     if not cost:
         raise UserError("export-policy needs a cost: --cost-model (specmoe's calibration) and/or --vllm-run (the "
                         "vLLM runner's output of fixed draft counts)")
@@ -231,8 +246,8 @@ def build_policy(*, token_table: str | None, cost_model: str | None, vllm_run: s
               # drafts; with 8, two rejected first drafts put a request on the floor, and on the demo's draft
               # (vLLM, Zen 4, batch 1, T = 0, where a chain of 5 beat no speculation on each of 16 prompts,
               # 1.04-1.48x) 57-149 of ~430 steps went plain
-              "acceptance": {"prior": {"greedy": prior, "sampled": [a * 0.9 for a in prior]}, "strength": 20,
-                             "request_strength": 32},
+              "acceptance": {"prior": {"greedy": prior, "sampled": sampled or [a * 0.9 for a in prior]},
+                             "strength": 20, "request_strength": 32},
               "meta": {"sources": {"table_dir": token_table, "cost_model": cost_model, "vllm_run": vllm_run}}}
     if cost_tokens is not None:
         policy["cost_tokens"] = {k: float(v) for k, v in cost_tokens.items()}
