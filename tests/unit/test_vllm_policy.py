@@ -204,6 +204,20 @@ def test_cheap_verification_verifies_every_draft(tmp_path):
     assert d.k == {"a": 3} and d.k_next == 3 and d.rate > d.ar_rate
 
 
+def test_sampled_tokens_are_priced_apart(tmp_path):
+    """With the same acceptance, a request sampled at T > 0 pays ``sampled_tokens`` per verified token: a greedy
+    request beside it verifies its drafts, the sampled one does not; the step's shape counts the sampled tokens
+    (roots included) for the online refit. Without the term both are alike."""
+    cost = {"fixed": 1e-3, "tokens": 1e-4, "sampled_tokens": 2e-3}
+    pol = P.GoodputPolicy(_spec(tmp_path, cost=cost), 3, online=False)
+    d = pol.decide([P.Row("g", [20, 21, 22], 10), P.Row("s", [20, 21, 22], 11, sampled=True)])
+    assert d.k == {"g": 3, "s": 0}
+    assert d.shape["sampled_tokens"] == 1.0 and d.shape["tokens"] == 5.0
+    pol = P.GoodputPolicy(_spec(tmp_path, cost={**cost, "sampled_tokens": 0.0}), 3, online=False)
+    d = pol.decide([P.Row("g", [20, 21, 22], 10), P.Row("s", [20, 21, 22], 11, sampled=True)])
+    assert d.k == {"g": 3, "s": 3} and d.shape["sampled_tokens"] == 4.0
+
+
 def test_bigger_batches_verify_fewer_drafts_per_request(tmp_path):
     cost = {"fixed": 2e-3, "tokens": 4e-4, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 0.0}
     pol = P.GoodputPolicy(_spec(tmp_path, cost=cost), 3, online=False)

@@ -11,6 +11,7 @@ expected tokens per second::
     E_r(k)  = sum_{i=1..k} prod_{j<=i} a_{r,j}         expected accepted drafts of a chain of k
     T_step  = c_fixed + c_rows * rows + c_tokens * tokens + c_expert * sum_l |U_l| + c_kv * kv_slots
               + c_draft * K_next + c_spec * [the step speculates: it verifies a draft or K_next > 0]
+              + c_sampled * (tokens of sampled requests)
 
 ``a_{r,j}`` is the conditional acceptance of draft position ``j`` (P(accepted | position j-1 accepted)), counted
 online from what vLLM reports as accepted per request (a Beta prior per position from the policy file), scaled
@@ -64,7 +65,7 @@ __all__ = ["FORMAT", "COST_TERMS", "PROBE_FIRST", "PROBE_MAX",
 #: the policy file's ``format`` value this module reads
 FORMAT = "specmoe_vllm.policy/1"
 #: the step-cost terms (seconds per unit); see the module docstring
-COST_TERMS = ("fixed", "rows", "tokens", "expert_layers", "kv_slots", "draft_steps", "spec_pass")
+COST_TERMS = ("fixed", "rows", "tokens", "expert_layers", "kv_slots", "draft_steps", "spec_pass", "sampled_tokens")
 #: consecutive floor steps before the first probe, and the most the doubling wait between probes grows to
 PROBE_FIRST, PROBE_MAX = 8, 256
 
@@ -319,7 +320,10 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 class OnlineCost:
     """Step-time coefficients refitted from measured steps: minimise sum ((x.c - y) / y)^2 + w * sum ((c_j - p_j) /
     s_j)^2 over a sliding window (p: the file's coefficients, s_j: their scale, or for a zero prior the
-    coefficient that alone explains 1/n of the mean step), terms clipped at 0 and refitted without them."""
+    coefficient that alone explains 1/n of the mean step), terms clipped at 0 and refitted without them. The
+    window's normal equations are kept as running sums (a step adds its row, the one leaving the window is taken
+    out), so a refit solves one small system instead of reading the window again (that read cost ~1-2 % of a
+    floor step in pure Python)."""
 
     def __init__(self, prior: CostTerms, window: int = 256, prior_weight: float = 4.0, every: int = 64):
         self.prior = {k: prior.coef.get(k, 0.0) for k in COST_TERMS}  # a term the caller left out is 0
@@ -328,11 +332,32 @@ class OnlineCost:
         self.prior_weight = prior_weight
         self.every = every
         self._since = 0
+        n = len(COST_TERMS)
+        self._ata = [[0.0] * n for _ in range(n)]  # sum over the window of (x / y)(x / y)^T
+        self._atb = [0.0] * n  # sum of x / y
+        self._sx = [0.0] * n  # sum of x
+        self._sy = 0.0  # sum of y
+
+    def _account(self, x: list[float], y: float, sign: float) -> None:
+        row = [v / y for v in x]
+        for i, ri in enumerate(row):
+            if ri == 0.0:
+                continue
+            self._atb[i] += sign * ri
+            self._sx[i] += sign * x[i]
+            a = self._ata[i]
+            for j, rj in enumerate(row):
+                a[j] += sign * ri * rj
+        self._sy += sign * y
 
     def observe(self, x: dict[str, float], seconds: float) -> None:
         if not seconds > 0:
             return
-        self.obs.append(([x.get(k, 0.0) for k in COST_TERMS], seconds))
+        if len(self.obs) == self.obs.maxlen:
+            self._account(*self.obs[0], -1.0)
+        row = [x.get(k, 0.0) for k in COST_TERMS]
+        self.obs.append((row, seconds))
+        self._account(row, seconds, 1.0)
         self._since += 1
         if self._since >= self.every:
             self.refit()
@@ -341,24 +366,17 @@ class OnlineCost:
         self._since = 0
         if not self.obs:
             return
-        n = len(COST_TERMS)
+        n, m = len(COST_TERMS), len(self.obs)
         # a term's ridge scale: its prior, or (a zero prior) the coefficient that alone would explain 1/n of
         # the mean step, so a term the file left at 0 can still be learned from the steps
-        mean_y = sum(y for _, y in self.obs) / len(self.obs)
-        mean_x = [sum(x[j] for x, _ in self.obs) / len(self.obs) for j in range(n)]
-        scale = [max(self.prior[k], mean_y / (n * mean_x[j]) if mean_x[j] > 0 else 1e-7)
+        mean_y = self._sy / m
+        scale = [max(self.prior[k], mean_y / (n * self._sx[j] / m) if self._sx[j] > 1e-12 else 1e-7)
                  for j, k in enumerate(COST_TERMS)]
         active = list(range(n))
         coef = [0.0] * n
         for _ in range(n):
-            ata = [[0.0] * len(active) for _ in active]
-            atb = [0.0] * len(active)
-            for x, y in self.obs:
-                row = [x[j] / y for j in active]
-                for i, ri in enumerate(row):
-                    atb[i] += ri
-                    for j, rj in enumerate(row):
-                        ata[i][j] += ri * rj
+            ata = [[self._ata[i][j] for j in active] for i in active]
+            atb = [self._atb[i] for i in active]
             for i, j in enumerate(active):
                 w = self.prior_weight / scale[j] ** 2
                 ata[i][i] += w
@@ -374,10 +392,13 @@ class OnlineCost:
         self.current = CostTerms(dict(zip(COST_TERMS, coef)))
 
 
-def _shape(rows: int, tokens: float, union: float, kv: float, k_next: int, spec: float) -> dict[str, float]:
-    """A step's units of every :data:`COST_TERMS` entry."""
+def _shape(rows: int, tokens: float, union: float, kv: float, k_next: int, spec: float, sampled: float = 0.0
+           ) -> dict[str, float]:
+    """A step's units of every :data:`COST_TERMS` entry (``sampled``: the verified tokens of requests sampled at
+    T > 0, whose verification samples: vLLM's T > 0 steps cost more per token, its rejection sampler's
+    probabilities)."""
     return {"fixed": 1.0, "rows": float(rows), "tokens": tokens, "expert_layers": union, "kv_slots": kv,
-            "draft_steps": float(k_next), "spec_pass": spec}
+            "draft_steps": float(k_next), "spec_pass": spec, "sampled_tokens": sampled}
 
 
 # ------------------------------------------------------------------------------------------ the decision
@@ -462,24 +483,27 @@ class GoodputPolicy:
         """The ``spec_pass`` unit of a step: paid when it speculates, or always without plain steps."""
         return 1.0 if speculates or not self.plain_steps else 0.0
 
-    def _seconds(self, rows: int, tokens: float, union: float, kv: float, k_next: int, spec: float = 1.0) -> float:
-        return self.cost.current.seconds(_shape(rows, tokens, union, kv, k_next, spec), self.expert_cost)
+    def _seconds(self, rows: int, tokens: float, union: float, kv: float, k_next: int, spec: float = 1.0,
+                 sampled: float = 0.0) -> float:
+        return self.cost.current.seconds(_shape(rows, tokens, union, kv, k_next, spec, sampled), self.expert_cost)
 
-    def _base(self, rows: Sequence[Row], with_union: bool = True) -> tuple[_Union, float, float, float]:
+    def _base(self, rows: Sequence[Row], with_union: bool = True) -> tuple[_Union, float, float, float, float]:
         """The pass without drafts: its union (roots; prefill tokens as unknown ones; empty without
-        ``with_union``), tokens, KV slots, and the tokens it commits for sure (one per decode row)."""
+        ``with_union``), tokens, KV slots, the tokens it commits for sure (one per decode row) and the roots of
+        sampled rows."""
         union = _Union(self.spec.table if self.expert_cost and with_union else None)
-        tokens, kv, num = 0.0, 0.0, 0.0
+        tokens, kv, num, sampled = 0.0, 0.0, 0.0, 0.0
         for r in rows:
             tokens += r.extra_tokens + (1 if r.root is not None else 0)
             kv += r.context
             if r.root is not None:
                 union.add(r.root)
                 num += 1.0
+                sampled += 1.0 if r.sampled else 0.0
         extra = sum(r.extra_tokens for r in rows)
         if self.expert_cost and with_union and extra:  # prefill tokens touch experts too (which: not known here)
             union.n += self._joint(union.n, min(extra, 64)) - union.n
-        return union, tokens, kv, num
+        return union, tokens, kv, num, sampled
 
     def _joint(self, known: float, n_unknown: int) -> float:
         """Expected union of a known set of ``known`` expert-layers and ``n_unknown`` unknown tokens (taken as
@@ -491,23 +515,25 @@ class GoodputPolicy:
     def _chains(self, rows: Sequence[Row], n: int) -> dict[str, list[float]]:
         return {r.req: self.acceptance.chain("sampled" if r.sampled else "greedy", r.req, n) for r in rows}
 
-    def _coefs(self) -> tuple[float, float]:
+    def _coefs(self) -> tuple[float, float, float]:
+        """Seconds per verified token, per expert-layer of the union (0 for the token-only variant), per token of
+        a sampled request."""
         c = self.cost.current.coef
-        return c["tokens"], (c["expert_layers"] if self.expert_cost else 0.0)
+        return c["tokens"], (c["expert_layers"] if self.expert_cost else 0.0), c["sampled_tokens"]
 
     def _choose(self, rows: Sequence[Row], avail: dict[str, int], k_next: int, forced: Iterable[str] = ()
                 ) -> tuple[dict[str, int], float, float, dict[str, float]]:
         """Greedy path over the proposed drafts (their experts known from the table); the best prefix. The
         ``forced`` requests (a probe's) verify all their drafts: the path starts there."""
-        union, tokens, kv, num = self._base(rows)
+        union, tokens, kv, num, smp = self._base(rows)
         chains = self._chains(rows, self.K)
         by = {r.req: r for r in rows}
         k = {r.req: 0 for r in rows}
         spec = self._spec(k_next > 0)
-        t = self._seconds(len(rows), tokens, union.size(), kv, k_next, spec)
+        t = self._seconds(len(rows), tokens, union.size(), kv, k_next, spec, smp)
         ar_rate = num / t if t > 0 else 0.0
-        best = (ar_rate * (1 + self.spec.tolerance), dict(k), tokens, union.size(), spec)
-        c_tok, c_exp = self._coefs()
+        best = (ar_rate * (1 + self.spec.tolerance), dict(k), tokens, union.size(), spec, smp)
+        c_tok, c_exp, c_smp = self._coefs()
         c_spec = self.cost.current.coef.get("spec_pass", 0.0)
         forced = [r for r in forced if avail.get(r, 0) > 0]
         if forced:
@@ -516,22 +542,25 @@ class GoodputPolicy:
             for req in forced:
                 for i in range(avail[req]):
                     t += c_tok + c_exp * (union.gain(by[req].drafts[i]) if c_exp > 0 else 0.0)
+                    t += c_smp if by[req].sampled else 0.0
+                    smp += 1.0 if by[req].sampled else 0.0
                     union.add(by[req].drafts[i])
                     num += chains[req][i]
                     tokens += 1
                 k[req] = avail[req]
-            best = (num / t, dict(k), tokens, union.size(), spec)
+            best = (num / t, dict(k), tokens, union.size(), spec, smp)
         while True:
             first = c_spec if spec == 0 else 0.0  # the step's first draft brings the speculative machinery
-            pick, pick_rate, pick_gain = None, -1.0, 0.0
+            pick, pick_rate, pick_cost = None, -1.0, 0.0
             for req, n in avail.items():
                 i = k[req]
                 if i >= n:
                     continue
                 g = union.gain(by[req].drafts[i]) if c_exp > 0 else 0.0
-                rate = (num + chains[req][i]) / (t + first + c_tok + c_exp * g)
+                cost = first + c_tok + c_exp * g + (c_smp if by[req].sampled else 0.0)
+                rate = (num + chains[req][i]) / (t + cost)
                 if rate > pick_rate:
-                    pick, pick_rate, pick_gain = req, rate, g
+                    pick, pick_rate, pick_cost = req, rate, cost
             if pick is None:
                 break
             i = k[pick]
@@ -539,12 +568,13 @@ class GoodputPolicy:
             union.add(by[pick].drafts[i])
             k[pick] = i + 1
             tokens += 1
-            t += first + c_tok + c_exp * pick_gain
+            smp += 1.0 if by[pick].sampled else 0.0
+            t += pick_cost
             spec = 1.0
             if pick_rate > best[0]:
-                best = (pick_rate, dict(k), tokens, union.size(), spec)
-        rate, choice, tok_n, u_n, spec_n = best
-        shape = _shape(len(rows), tok_n, u_n, kv, k_next, spec_n)
+                best = (pick_rate, dict(k), tokens, union.size(), spec, smp)
+        rate, choice, tok_n, u_n, spec_n, smp_n = best
+        shape = _shape(len(rows), tok_n, u_n, kv, k_next, spec_n, smp_n)
         return choice, (rate if any(choice.values()) else ar_rate), ar_rate, shape
 
     def _plan(self, rows: Sequence[Row], least: int = 0) -> int:
@@ -555,22 +585,24 @@ class GoodputPolicy:
         (the tokens this step samples): their union is the expected one of as many unknown tokens, not the union of
         this step's roots (8 rows' first decode step often holds one token eight times: its union priced the floor
         at ~0.7x its measured cost, vLLM on a Zen 4, and every batch took its first 8 steps plain)."""
-        _, tokens, kv, num = self._base(rows, with_union=False)
+        _, tokens, kv, num, smp = self._base(rows, with_union=False)
         chains = self._chains(rows, self.K)
-        order = sorted(((p, i) for c in chains.values() for i, p in enumerate(c)), key=lambda x: -x[0])
-        c_tok, c_exp = self._coefs()
+        sampled = {r.req: r.sampled for r in rows}
+        order = sorted(((p, i, sampled[q]) for q, c in chains.items() for i, p in enumerate(c)), key=lambda x: -x[0])
+        c_tok, c_exp, c_smp = self._coefs()
         u0 = self._joint(0.0, len(rows)) if c_exp > 0 else 0.0
         grow = [self._joint(u0, n) for n in range(len(order) + 1)] if c_exp > 0 else [u0] * (len(order) + 1)
         best_k, best_rate = 0, -1.0
         for kn in range(min(least, self.K), self.K + 1):
-            t = self._seconds(len(rows), tokens, grow[0], kv, kn, self._spec(kn > 0))
+            t = self._seconds(len(rows), tokens, grow[0], kv, kn, self._spec(kn > 0), smp)
             rate = num / t * (1 + self.spec.tolerance) if kn == 0 else -1.0
             got, n = num, 0
-            for p, i in order:
+            for p, i, is_sampled in order:
                 if i >= kn:
                     continue
                 got += p
                 n += 1
+                t += c_smp if is_sampled else 0.0
                 r = got / (t + c_tok * n + c_exp * (grow[n] - grow[0] if c_exp > 0 else 0.0))
                 rate = max(rate, r)
             if rate > best_rate:
@@ -616,9 +648,9 @@ class GoodputPolicy:
             return None
         if any(r.drafts or r.extra_tokens or r.root is None for r in rows):
             return None
-        union, tokens, kv, num = self._base(rows)
+        union, tokens, kv, num, smp = self._base(rows)
         spec = self._spec(False)
-        shape = _shape(len(rows), tokens, union.size(), kv, 0, spec)
+        shape = _shape(len(rows), tokens, union.size(), kv, 0, spec, smp)
         t = self.cost.current.seconds(shape, self.expert_cost)
         self.floor_run += 1
         rate = num / t if t > 0 else 0.0

@@ -13,8 +13,8 @@ Use it with vLLM's ``scheduler_cls`` and speculative decoding (EAGLE-3 or any pr
 ``additional_config["specmoe"]`` keys: ``policy`` (the policy file, required), ``expert_cost`` (default true;
 false = the token-only variant), ``online`` (refit the cost from measured step times, default true), ``clock``
 (``wall``, default, or ``process``: steps timed by the engine process's CPU time, load-independent on a shared
-machine with one OpenMP thread and the engine in-process), ``log`` (a
-JSON-lines file: per step the drafts each request held, the policy's choice, what vLLM scheduled and
+machine with one OpenMP thread and the engine in-process), ``log`` (a JSON-lines file, flushed whenever no
+request is left: per step the drafts each request held, the policy's choice, what vLLM scheduled and
 ``k_next``), ``skip_drafter`` (default true: a step that verifies and proposes nothing runs as plain decoding,
 without the drafter's pass or the rejection sampler, :mod:`specmoe_vllm.drafter`; false: vLLM's own way, every
 step pays them).
@@ -65,6 +65,11 @@ def options_from(vllm_config: Any) -> dict[str, Any]:
     return opts
 
 
+def _sampled(req: Any) -> bool:
+    """A request sampled at T > 0 (its drafts are accepted at the sampled rates)."""
+    return bool(req.sampling_params is not None and req.sampling_params.temperature > 0)
+
+
 class SpecMoEScheduler(Scheduler):
     """vLLM's scheduler; each step's draft tokens per request capped by :class:`GoodputPolicy`."""
 
@@ -86,14 +91,13 @@ class SpecMoEScheduler(Scheduler):
         rows = []
         for req in self.running:
             new = req.num_tokens - req.num_computed_tokens
-            sampled = bool(req.sampling_params is not None and req.sampling_params.temperature > 0)
             if new == 1:
                 rows.append(Row(req.request_id, list(req.spec_token_ids), int(req.all_token_ids[-1]),
-                                req.num_computed_tokens, sampled))
+                                req.num_computed_tokens, _sampled(req)))
             elif new > 1:
-                rows.append(Row(req.request_id, [], None, req.num_computed_tokens, sampled, extra_tokens=new))
-        for req in self.waiting:
-            rows.append(Row(req.request_id, [], None, 0, False, extra_tokens=req.num_tokens))
+                rows.append(Row(req.request_id, [], None, req.num_computed_tokens, _sampled(req), extra_tokens=new))
+        for req in self.waiting:  # its kind too: the next step's plan (K_next) is made for it
+            rows.append(Row(req.request_id, [], None, 0, _sampled(req), extra_tokens=req.num_tokens))
         return rows
 
     def schedule(self, *args: Any, **kwargs: Any):
@@ -132,7 +136,6 @@ class SpecMoEScheduler(Scheduler):
                 self._log.write(json.dumps({"step": self._step, "held": held, "k": decision.k, "scheduled": sched,
                                             "k_next": decision.k_next, "rate": decision.rate,
                                             "ar_rate": decision.ar_rate}) + "\n")
-                self._log.flush()
         self._step += 1
         return out
 
@@ -148,12 +151,13 @@ class SpecMoEScheduler(Scheduler):
             n_out = len(sampled_ids[idx])
             if n_out == 0:
                 continue
-            sampled = bool(req.sampling_params is not None and req.sampling_params.temperature > 0)
-            results.append((req_id, sampled, len(drafts), n_out - 1))
+            results.append((req_id, _sampled(req), len(drafts), n_out - 1))
         out = super().update_from_output(scheduler_output, model_runner_output)
         self.specmoe_policy.observe_step(results)
         for req_id in scheduler_output.finished_req_ids:
             self.specmoe_policy.finished(req_id)
+        if self._log is not None and not self.running and not self.waiting:
+            self._log.flush()  # idle: the log is complete up to here (not flushed per step: a write per step)
         return out
 
     def shutdown(self) -> None:
