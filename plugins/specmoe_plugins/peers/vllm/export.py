@@ -174,9 +174,9 @@ def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict
     ``rows`` (per request of the step), ``tokens`` (verified: rows x (1 + drafts)), ``draft_steps`` (the drafts
     proposed), ``spec_pass`` (the drafter's own pass and the rejection sampler: every configuration with
     speculation pays it, also a step that proposes nothing; fitted where runs both with and without speculation
-    exist), ``sampled_tokens`` (the verified tokens of cells at T > 0; fitted where both kinds of cell exist:
-    vLLM's T = 1 steps of the demo cost 0.7-1.9 ms more than T = 0 ones, a Zen 4) and, with a token table, ``expert_layers`` (the expected expert union of the verified tokens, from
-    the table's frequencies). Non-negative least squares on relative error; a term the runs cannot tell apart
+    exist), ``sampled_tokens`` (the verified tokens of cells at T > 0; fitted where both kinds of cell exist) and,
+    with a token table, ``expert_layers`` (the expected expert union of the verified tokens, from the table's
+    frequencies). Non-negative least squares on relative error; a term the runs cannot tell apart
     from another (``rows`` at one batch size; drafts and tokens at one batch size, where rows x (1 + drafts) is
     collinear with the drafts) is left at 0. ``prior``'s other terms (``kv_slots``) are kept.
 
