@@ -362,6 +362,8 @@ def run_configs(req: dict, workdir: str = ".", on_run=None) -> list[dict]:
             e = _start(req, c, workdir)
             runs.append(_run_entry(e, [_measure_cell(req, [e], cell)[0] for cell in cells]))
             del e
+            gc.unfreeze()  # the engine's frozen objects collectable again (its KV cache) before the next one
+            gc.collect()
             if on_run is not None:
                 on_run(runs)
         return runs
