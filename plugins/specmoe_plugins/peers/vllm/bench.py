@@ -254,6 +254,12 @@ def agreement(outputs: list[list[int]], reference: list[list[int]], eos: set[int
     return same / max(len(reference), 1)
 
 
+def _vllm_order(args: argparse.Namespace) -> str:
+    """``--vllm-order``; a caller's namespace built without it (``measure`` called directly) keeps the order of
+    before, one engine after the other."""
+    return getattr(args, "vllm_order", "sequential")
+
+
 def run_vllm(args: argparse.Namespace, prompts: list[list[int]], workdir: Path, tag: str,
              configs: list[Any] | None = None) -> dict[str, Any]:
     """One pass of vLLM (every config on every prompt and cell) in its own environment; the runner's JSON.
@@ -265,7 +271,7 @@ def run_vllm(args: argparse.Namespace, prompts: list[list[int]], workdir: Path, 
            "prompts": prompts, "max_new_tokens": args.new_tokens,
            "configs": configs if configs is not None else list(range(args.max_drafts + 1)),
            "cells": _cells(args), "dtype": args.dtype, "repeats": 1, "warmup": 1, "ignore_eos": False,
-           "interleave": getattr(args, "vllm_order", "sequential") == "interleaved"}
+           "interleave": _vllm_order(args) == "interleaved"}
     rq, out = workdir / f"vllm_request_{tag}.json", workdir / f"vllm_out_{tag}.json"
     rq.write_text(json.dumps(req))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -308,7 +314,7 @@ def run_vllm_pass(args: argparse.Namespace, prompts: list[list[int]], workdir: P
     previous pass's fixed runs (pass 0: on a calibration run of the fixed configurations first, kept out of the
     results), so that no configuration is judged on runs its policy was fitted on either."""
     fixed = list(range(args.max_drafts + 1))
-    if getattr(args, "vllm_order", "sequential") != "interleaved":
+    if _vllm_order(args) != "interleaved":
         out = run_vllm(args, prompts, workdir, str(k), fixed)
         configs, policy = plugin_configs(args, workdir, str(k), workdir / f"vllm_out_{k}.json")
         if not configs:
@@ -643,7 +649,7 @@ def _track(r: dict[str, Any], args: argparse.Namespace) -> str | None:
                   dataset=args.dataset, max_drafts=args.max_drafts, tree_shapes=args.tree_shapes,
                   batches=args.batches, temperatures=args.temperatures, plugin_policy=args.plugin_policy,
                   token_table=args.token_table, cost_model=args.cost_model,
-                  vllm_order=getattr(args, "vllm_order", "sequential"))
+                  vllm_order=_vllm_order(args))
     tags = {"specmoe.bench": "peer", BENCH_TAG[0]: BENCH_TAG[1]}
     with tracker.run(f"bench_peer_{r['dtype']}", params=params, tags=tags) as h:
         metrics: dict[str, float | None] = {}

@@ -106,12 +106,16 @@ def read_cost_model(path: str | Path) -> dict[str, float]:
     return out
 
 
+def _fixed_runs(run_out: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runner output's fixed-draft-count runs (no speculation, chains): not the plugin's variants (plugin*)."""
+    return [r for r in run_out.get("runs", []) if not r.get("name", "").startswith("plugin")]
+
+
 def acceptance_from_run(run_out: dict[str, Any], sampled: bool = False) -> list[float] | None:
     """Conditional per-position acceptance of the longest fixed chain in a vllm_runner output, pooled over its
     cells of one kind: greedy (T = 0) or ``sampled`` (T > 0; a sampled draft is accepted far less often than a
     greedy one: on the demo's draft 0.05-0.17 at position 1 against 0.85). None where the run has no such cell."""
-    spec = [r for r in run_out.get("runs", []) if r.get("num_speculative_tokens", 0) > 0 and r.get("drafts")
-            and not r.get("name", "").startswith("plugin")]
+    spec = [r for r in _fixed_runs(run_out) if r.get("num_speculative_tokens", 0) > 0 and r.get("drafts")]
     if not spec:
         return None
     r = max(spec, key=lambda x: x["num_speculative_tokens"])
@@ -147,9 +151,7 @@ def _step_samples(run_out: dict[str, Any]) -> list[tuple[int, int, float, bool]]
     step = seconds / (tokens / tokens per step / batch), by the runner's CPU seconds where present; sampled: the
     cell's temperature > 0)."""
     out = []
-    for r in run_out.get("runs", []):
-        if r.get("name", "").startswith("plugin"):
-            continue  # only fixed draft counts
+    for r in _fixed_runs(run_out):
         n = int(r.get("num_speculative_tokens", 0))
         for c in r.get("cells") or [r]:
             rows = int(c.get("batch", 1))
