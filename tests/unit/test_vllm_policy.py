@@ -272,6 +272,48 @@ def test_greedy_choice_is_close_to_the_exhaustive_optimum(tmp_path):
     assert worst > 0.97, worst
 
 
+def _greedy_from_scratch(pol, rows, k_next):
+    """The greedy path of ``GoodputPolicy._choose`` written plainly: every candidate's expert gain recomputed from
+    the union at every pick (the policy keeps gains current incrementally; both must pick the same path)."""
+    union, tokens, kv, num, smp = pol._base(rows)
+    chains = pol._chains(rows, pol.K)
+    c_tok, c_exp, c_smp = pol._coefs()
+    t = pol._seconds(len(rows), tokens, union.size(), kv, k_next, pol._spec(k_next > 0), smp)
+    spec = pol._spec(k_next > 0)
+    k = {r.req: 0 for r in rows}
+    best_rate, best = num / t * (1 + pol.spec.tolerance), dict(k)
+    while True:
+        cands = [((num + chains[r.req][k[r.req]]) / (t + cost), r, cost) for r in rows if k[r.req] < len(r.drafts)
+                 for cost in [c_tok + c_exp * union.gain(r.drafts[k[r.req]]) + (c_smp if r.sampled else 0.0)
+                              + (pol.cost.current.coef["spec_pass"] if spec == 0 else 0.0)]]
+        if not cands:
+            return best
+        rate, r, cost = max(cands, key=lambda c: c[0])  # the first of equal rates, as the policy
+        num, t, spec = num + chains[r.req][k[r.req]], t + cost, 1.0
+        union.add(r.drafts[k[r.req]])
+        k[r.req] += 1
+        if rate > best_rate:
+            best_rate, best = rate, dict(k)
+
+
+def test_kept_gains_pick_the_path_of_gains_recomputed_every_pick(tmp_path):
+    rnd = random.Random(11)
+    cost = {"fixed": 1e-3, "tokens": 1e-4, "expert_layers": 4e-5, "kv_slots": 0.0, "draft_steps": 0.0}
+    spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.7, 0.5), tolerance=0.0)
+    tokens = [10, 11, 12, 20, 21, 22, 23, 5]
+    differ = 0
+    for _ in range(60):
+        pol = P.GoodputPolicy(spec, 3, online=False)
+        rows = [P.Row(f"r{i}", [rnd.choice(tokens) for _ in range(rnd.randrange(0, 4))], rnd.choice(tokens),
+                      sampled=rnd.random() < 0.3) for i in range(rnd.randrange(1, 7))]
+        avail = {r.req: len(r.drafts) for r in rows}
+        choice = pol._choose(rows, avail, 0)[0]
+        assert choice == _greedy_from_scratch(pol, rows, 0)
+        token_only = P.GoodputPolicy(spec, 3, expert_cost=False, online=False)._choose(rows, avail, 0)[0]
+        differ += choice != token_only
+    assert differ > 0  # the expert gains changed some choices (else this test would not test them)
+
+
 def test_k_next_pays_for_the_draft_passes(tmp_path):
     """The proposer's draft passes cost time: expensive ones shorten (or stop) the next proposal."""
     base = {"fixed": 1e-3, "tokens": 1e-4, "expert_layers": 0.0, "kv_slots": 0.0}

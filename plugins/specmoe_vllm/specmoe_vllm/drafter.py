@@ -180,8 +180,12 @@ def _make_class(base: type) -> type:
                 hidden = torch.cat([h[:n] for h in aux_hidden_states], dim=-1)
             else:
                 hidden = hidden_states[:n]
-            return self._specmoe_try_hold(0, runner.input_ids.gpu[:n], runner._get_positions(n), hidden, None,
+            held = self._specmoe_try_hold(0, runner.input_ids.gpu[:n], runner._get_positions(n), hidden, None,
                                           cad)[3]
+            # no drafts as vLLM's token-id proposers give them (a list per request): the runner then skips the
+            # copy of an empty draft tensor to the host and its event (only the asynchronous scheduling this
+            # path excludes reads the tensor form)
+            return None if held is None else [[] for _ in range(held.shape[0])]
 
         def _forget_finished(self) -> None:
             held = self.specmoe_held
@@ -192,8 +196,10 @@ def _make_class(base: type) -> type:
         def _hold(self, req_ids: list[str], qsl: list[int], ends: list[int], pos: Any, tokens: Any,
                   hidden: Any, slots: Any) -> None:
             held = self.specmoe_held
-            idx = np.concatenate([np.arange(s, e + 1) for s, e in zip(qsl[:-1], ends)])
-            ix = None if len(idx) == qsl[-1] else torch.from_numpy(idx).to(tokens.device)
+            ix = None  # every row of the step kept (a step that verified nothing): plain copies
+            if any(e + 1 != s for s, e in zip(qsl[1:], ends)):
+                idx = np.concatenate([np.arange(s, e + 1) for s, e in zip(qsl[:-1], ends)])
+                ix = torch.from_numpy(idx).to(tokens.device)
 
             def sel(t: Any) -> Any:  # a copy: vLLM reuses its buffers next step
                 return t[: qsl[-1]].clone() if ix is None else t.index_select(0, ix)
