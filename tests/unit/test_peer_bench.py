@@ -148,3 +148,27 @@ def test_plugin_is_judged_against_the_cross_fitted_best_fixed_count():
     for k in range(2):
         peer._keep_faster(best, peer._vllm_rows(out), k)
     assert best["vllm/no_spec/b2_T0"]["tok_s_batches_passes"] == [[6.0, 3.0], [6.0, 3.0]]
+
+
+def test_the_runners_budget_check_reads_runs_of_quiet_steps():
+    """The plugin logs a run of quiet steps (no draft held or proposed) as one line; the runner's budget check
+    counts its steps as steps proposing nothing, and still checks every verified step against the choice."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("vllm_runner_under_test", peer.RUNNER)
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    log = [{"step": 0, "quiet_steps": 5},
+           {"step": 5, "held": {"r1": 3}, "k": {"r1": 2}, "scheduled": {"r1": 2}, "k_next": 3},
+           {"step": 6, "held": {"r1": 3}, "k": {"r1": 3}, "scheduled": {"r1": 3}, "k_next": 0},
+           {"step": 7, "quiet_steps": 4}]
+
+    def result(drafted):
+        m = SimpleNamespace(per_step_drafted=drafted)
+        return SimpleNamespace(request_id="r1", outputs=[SimpleNamespace(spec_decode_metrics=m)])
+
+    ok = runner._budget(log, [result([2, 3])])
+    assert (ok["steps"], ok["k_next_hist"], ok["k_hist"]) == (11, {"0": 10, "3": 1}, {"2": 1, "3": 1})
+    assert (ok["budget_violations"], ok["budget_checked_steps"], ok["steps_capped"]) == (0, 2, 1)
+    assert runner._budget(log, [result([3, 3])])["budget_violations"] == 1  # verified more than chosen

@@ -99,12 +99,49 @@ def test_without_a_spec_pass_cost_plain_steps_change_nothing(tmp_path):
 
 
 def test_held_rows_are_counted_lost_only_when_not_replayed():
-    h = D._Held()
-    h.chunks.append(("t", "p", "h", "s"))
-    h.rows = {"a": [(0, 0, 3)], "b": [(0, 3, 2)]}
+    h = D._Held(8)
+    h.tok, h.pos, h.slot = [1] * 5, [1] * 5, [1] * 5
+    h.rows = {"a": [(0, 3)], "b": [(3, 2)]}
     h.last = {"a": 12, "b": 40}
     h.total = 5
     h.drop("a")
-    assert (h.total, h.dropped, sorted(h.rows)) == (2, 3, ["b"])
+    assert (h.total, h.dropped, sorted(h.rows), h.used) == (2, 3, ["b"], 5)
     h.drop("b", lost=False)  # a finished request: nobody drafts from it again
-    assert (h.total, h.dropped, h.rows, h.chunks) == (0, 3, {}, [])
+    assert (h.total, h.dropped, h.rows, h.used) == (0, 3, {}, 0)  # nobody holds rows: the arena is empty again
+
+
+def test_the_arena_keeps_each_requests_rows_through_compaction():
+    """Rows put step by step (a step's rows in request order), a request dropped, the arena filled past its end:
+    the live rows are compacted to the front and every request still reads its own rows in position order."""
+    torch = pytest.importorskip("torch")
+    h = D._Held(9)
+    want = {"a": [], "b": [], "c": []}
+
+    def step(reqs, base):
+        n = len(reqs)
+        tok = list(range(base, base + n))
+        hid = [torch.full((n, 2), float(base)), torch.arange(base, base + n, dtype=torch.float32)[:, None]]
+        assert h.room(n)
+        off = h.put(tok, [t + 1000 for t in tok], [t + 5000 for t in tok], hid)
+        for i, r in enumerate(reqs):
+            segs = h.rows.setdefault(r, [])
+            segs.append((off + i, 1))
+            h.total += 1
+            want[r].append(base + i)
+
+    step(["a", "b", "c"], 0)
+    step(["a", "b", "c"], 10)
+    h.drop("b")
+    want.pop("b")
+    step(["a", "c"], 20)
+    assert h.used == 8
+    step(["a", "c"], 30)  # 2 more rows do not fit after 8 of 9: the 6 live ones move to the front first
+    assert (h.used, h.total) == (8, 8)
+    assert not h.room(3)  # 8 live rows + 3 > 9: no room even compacted (vLLM's way for that step)
+    for r, toks in want.items():
+        idx = [i for s, c in h.rows[r] for i in range(s, s + c)]
+        assert [h.tok[i] for i in idx] == toks
+        assert [h.pos[i] for i in idx] == [t + 1000 for t in toks]
+        assert [h.slot[i] for i in idx] == [t + 5000 for t in toks]
+        assert h.hidden[idx, 2].tolist() == [float(t) for t in toks]  # the concatenated second part
+        assert len(h.rows[r]) <= 2  # compacted to one segment, plus the step after it

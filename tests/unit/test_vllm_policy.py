@@ -370,6 +370,36 @@ def test_online_cost_refit_recovers_the_machine_coefficients(tmp_path):
     assert all(v >= 0 for v in oc.current.coef.values())
 
 
+def test_runs_of_one_shape_enter_the_fit_as_one_weighted_row():
+    """Floor steps of the same requests differ only in their KV slots: a run of them enters as one row of weight m.
+    With the steps' times +-2 % apart and their slots the same or growing a token a step, the fit stays within 2 %
+    of the fit of the steps one by one (and both near the machine's coefficients)."""
+    prior = {"fixed": 2e-3, "tokens": 1e-4, "expert_layers": 1e-5, "kv_slots": 1e-7, "draft_steps": 1e-4}
+    truth = P.CostTerms({"fixed": 1e-3, "tokens": 3e-4, "expert_layers": 2e-5, "kv_slots": 2e-7, "draft_steps": 5e-4})
+    rnd = random.Random(5)
+    steps = []
+    for _ in range(60):  # runs of 1-12 steps of one shape, their KV growing a token per step (or not)
+        x = {"fixed": 1.0, "tokens": rnd.randrange(1, 40), "expert_layers": rnd.randrange(8, 64),
+             "kv_slots": float(rnd.randrange(100, 900)), "draft_steps": rnd.randrange(0, 6)}
+        for i in range(rnd.randrange(1, 13)):
+            steps.append((x, i))
+    fits = {}
+    for batch in (1, 8):
+        for growing in (False, True):
+            oc = P.OnlineCost(P.CostTerms(prior), window=10_000, prior_weight=1e-3, every=10_000, batch=batch)
+            for x, i in steps:
+                x = dict(x, kv_slots=x["kv_slots"] + (i if growing else 0))
+                oc.observe(x, truth.seconds(x) * (1.0 + 0.02 * (i % 3 - 1)))  # step-to-step noise of +-2 %
+            oc.refit()
+            fits[batch, growing] = oc.current.coef
+            assert oc._w == len(steps)
+        assert len(oc.obs) < len(steps) if batch > 1 else len(oc.obs) == len(steps)
+    for k in truth.coef:
+        assert fits[8, False][k] == pytest.approx(fits[1, False][k], rel=0.02, abs=1e-9), k
+        assert fits[8, True][k] == pytest.approx(fits[1, True][k], rel=0.02, abs=1e-9), k
+        assert fits[1, True][k] == pytest.approx(truth.coef[k], rel=0.25), k
+
+
 def test_online_flag_off_keeps_the_file_coefficients(tmp_path):
     spec = _spec(tmp_path)
     pol = P.GoodputPolicy(spec, 3, online=False)

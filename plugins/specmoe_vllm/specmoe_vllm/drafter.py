@@ -67,25 +67,103 @@ def skipping_wanted(vllm_config: Any) -> tuple[bool, str]:
     return True, "on"
 
 
-class _Held:
-    """Per request, the rows the skipped first passes would have consumed, in position order."""
+def _ints(t: Any, n: int, views: dict[int, tuple[Any, Any]] | None = None) -> list[int]:
+    """The first ``n`` entries of an integer tensor as Python ints: a host tensor through its numpy view (inside
+    vLLM's step, where the model's pass leaves the caches cold, a torch slice costs several microseconds), the view
+    kept in ``views`` for vLLM's persistent buffers (the same tensor every step)."""
+    if t.device.type != "cpu":
+        return t[:n].tolist()
+    if views is None:
+        return t.numpy()[:n].tolist()
+    hit = views.get(id(t))
+    if hit is None or hit[0] is not t:
+        hit = views[id(t)] = (t, t.numpy())
+    return hit[1][:n].tolist()
 
-    def __init__(self) -> None:
-        self.chunks: list[tuple[Any, Any, Any, Any]] = []  # (tokens, positions, hidden, slots), cloned
-        self.rows: dict[str, list[tuple[int, int, int]]] = {}  # req -> [(chunk, start, count)]
+
+class _Held:
+    """Per request, the rows the skipped first passes would have consumed, in position order.
+
+    Tokens, positions and KV slots are kept as Python ints, the hidden states in one arena of ``capacity`` rows
+    allocated at the first hold: a held step costs one copy (the aux hidden states concatenated into the arena),
+    not four clones (a floor step's host work: ~0.1 ms inside vLLM before). Rows of a request that was replayed,
+    dropped or finished are reclaimed when no request holds rows any more, or by compacting the live rows to the
+    front when the arena is full (so a server whose requests overlap forever does not grow it)."""
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.capacity = max(0, int(capacity))
+        self.hidden: Any = None  # [capacity, H]
+        self.tok: list[int] = []  # per arena row
+        self.pos: list[int] = []
+        self.slot: list[int] = []
+        self.rows: dict[str, list[tuple[int, int]]] = {}  # req -> [(start, count)] in the arena, position order
         self.last: dict[str, int] = {}  # req -> last held position
-        self.total = 0
+        self.total = 0  # live rows
         self.dropped = 0
+
+    @property
+    def used(self) -> int:
+        """Arena rows written since it was last empty or compacted."""
+        return len(self.tok)
+
+    def _reset(self) -> None:
+        self.tok, self.pos, self.slot = [], [], []
+        self.total = 0
 
     def drop(self, req: str, lost: bool = True) -> None:
         """Forget a request's rows; ``lost``: they were not replayed (its draft KV there stays stale)."""
-        n = sum(c for _, _, c in self.rows.pop(req, ()))
+        n = sum(c for _, c in self.rows.pop(req, ()))
         self.last.pop(req, None)
         self.total -= n
         self.dropped += n if lost else 0
         if not self.rows:
-            self.chunks.clear()
-            self.total = 0
+            self._reset()
+
+    def room(self, n: int) -> bool:
+        """Whether ``n`` more rows fit (the live rows compacted first where that makes the room)."""
+        if self.used + n <= self.capacity:
+            return True
+        if self.total + n > self.capacity:
+            return False
+        self._compact()
+        return True
+
+    def _compact(self) -> None:
+        import torch
+
+        order = list(self.rows.items())
+        idx = [i for _, segs in order for s, c in segs for i in range(s, s + c)]
+        if self.hidden is not None and idx:
+            self.hidden[: len(idx)] = self.hidden.index_select(0, torch.tensor(idx, device=self.hidden.device))
+        self.tok, self.pos, self.slot = ([v[i] for i in idx] for v in (self.tok, self.pos, self.slot))
+        off = 0
+        for r, segs in order:
+            n = sum(c for _, c in segs)
+            self.rows[r] = [(off, n)]
+            off += n
+
+    def put(self, tok: list[int], pos: list[int], slot: list[int], hidden: Any, ix: Any = None) -> int:
+        """Append the rows (``hidden``: a tensor, rows ``ix`` of it where given, or a list of parts to
+        concatenate along the last dimension); their arena start. The caller checked :meth:`room`."""
+        import torch
+
+        parts = isinstance(hidden, (list, tuple))
+        if self.hidden is None:
+            width = sum(h.shape[-1] for h in hidden) if parts else hidden.shape[-1]
+            first = hidden[0] if parts else hidden
+            self.hidden = torch.empty(self.capacity, width, dtype=first.dtype, device=first.device)
+        u, n = self.used, len(tok)
+        dst = self.hidden[u: u + n]
+        if ix is not None:
+            torch.index_select(hidden, 0, ix, out=dst)
+        elif parts:
+            torch.cat([h[:n] for h in hidden], dim=-1, out=dst)
+        else:
+            dst.copy_(hidden[:n])
+        self.tok += tok
+        self.pos += pos
+        self.slot += slot
+        return u
 
 
 def _make_class(base: type) -> type:
@@ -99,7 +177,8 @@ def _make_class(base: type) -> type:
             super().__init__(vllm_config, device, runner, *args, **kwargs)
             on, why = skipping_wanted(vllm_config)
             self.specmoe_skip = bool(on and runner is not None and not self.needs_extra_input_slots)
-            self.specmoe_held = _Held()
+            self.specmoe_held = _Held(self.max_num_tokens // 2)
+            self._specmoe_views: dict[int, tuple[Any, Any]] = {}  # numpy views of vLLM's host buffers
             self.specmoe_stats = {"skipped_steps": 0, "catch_up_rows": 0, "plain_steps": 0}
             self._specmoe_runner = runner
             if self.specmoe_skip:
@@ -122,16 +201,16 @@ def _make_class(base: type) -> type:
             # off, multimodal inputs, or padded rows (CUDA graphs): vLLM's own way
             if not self._specmoe_active(cad) or mm_embed_inputs is not None:
                 return super().propose(**kw)
-            req_ids, qsl, _, held_now = self._specmoe_try_hold(num_speculative_tokens, target_token_ids,
-                                                                target_positions, target_hidden_states,
-                                                                token_indices_to_sample, cad)
-            if held_now is not None:
-                return held_now
+            req_ids, qsl, held_now = self._specmoe_try_hold(num_speculative_tokens, target_token_ids,
+                                                             target_positions, target_hidden_states,
+                                                             token_indices_to_sample, cad)
+            if held_now:
+                return torch.empty(len(req_ids), 0, device=target_token_ids.device, dtype=torch.int64)
             held = self.specmoe_held
             pending = [r for r in req_ids if r in held.rows]
             if pending:
                 verifying = token_indices_to_sample is not None or num_rejected_tokens_gpu is not None
-                n_held = sum(c for r in pending for _, _, c in held.rows[r])
+                n_held = sum(c for r in pending for _, c in held.rows[r])
                 if verifying or n_held + qsl[-1] > self.max_num_tokens:
                     for r in pending:
                         held.drop(r)
@@ -146,27 +225,34 @@ def _make_class(base: type) -> type:
             return self.specmoe_skip and cad.batch_size() == self._specmoe_runner.input_batch.num_reqs
 
         def _specmoe_try_hold(self, num_speculative_tokens: int, tokens: Any, positions: Any, hidden: Any,
-                              token_indices_to_sample: Any, cad: Any) -> tuple[list[str], list[int], Any, Any]:
-            """The step's requests, query starts and positions; and, where the step proposes nothing and its
-            rows fit, the empty proposal after holding them (else None)."""
+                              token_indices_to_sample: Any, cad: Any, qsl_buf: Any = None
+                              ) -> tuple[list[str], list[int], bool]:
+            """The step's requests and query starts; and whether the step proposes nothing and its rows were
+            held (``hidden``: a tensor, or the aux parts to concatenate; ``qsl_buf``: vLLM's persistent buffer
+            whose head ``cad``'s query starts are, where the caller knows they are)."""
             held = self.specmoe_held
             self._forget_finished()
             b = cad.batch_size()
-            req_ids = list(self._specmoe_runner.input_batch.req_ids[:b])
-            qsl = cad.query_start_loc_cpu[: b + 1].tolist()
+            runner = self._specmoe_runner
+            req_ids = list(runner.input_batch.req_ids[:b])
+            qsl = (_ints(qsl_buf, b + 1, self._specmoe_views) if qsl_buf is not None
+                   else _ints(cad.query_start_loc_cpu, b + 1))
+            if not held.rows and num_speculative_tokens != 0:
+                return req_ids, qsl, False  # nothing held, nothing to hold: vLLM's way as it is
             # per request its last verified row (the rest of a verifying step's rows were rejected)
             ends = (token_indices_to_sample.tolist() if token_indices_to_sample is not None
                     else [e - 1 for e in qsl[1:]])
-            pos = positions[: qsl[-1]].cpu()
+            pos = _ints(positions, qsl[-1], self._specmoe_views if qsl_buf is not None else None)
             for r, s in zip(req_ids, qsl):  # recomputed (preempted) or otherwise not contiguous: cannot replay
-                if r in held.rows and held.last[r] + 1 != int(pos[s]):
+                if r in held.rows and held.last[r] + 1 != pos[s]:
                     held.drop(r)
             keep = sum(e - s + 1 for s, e in zip(qsl, ends))
-            if num_speculative_tokens != 0 or held.total + keep > self.max_num_tokens // 2:
-                return req_ids, qsl, pos, None
-            self._hold(req_ids, qsl, ends, pos, tokens, hidden, cad.slot_mapping)
+            if num_speculative_tokens != 0 or not held.room(keep):
+                return req_ids, qsl, False
+            self._hold(req_ids, qsl, ends, pos, tokens, hidden, cad.slot_mapping,
+                       self._specmoe_views if qsl_buf is not None else None)
             self.specmoe_stats["skipped_steps"] += 1
-            return req_ids, qsl, pos, torch.empty(b, 0, device=tokens.device, dtype=torch.int64)
+            return req_ids, qsl, True
 
         def specmoe_skip_step(self, scheduler_output: Any, hidden_states: Any, aux_hidden_states: Any,
                               cad: Any) -> Any:
@@ -175,17 +261,19 @@ def _make_class(base: type) -> type:
             runner = self._specmoe_runner
             if not self._specmoe_active(cad):
                 return None
-            n = int(cad.query_start_loc_cpu[cad.batch_size()])
-            if runner.use_aux_hidden_state_outputs:
-                hidden = torch.cat([h[:n] for h in aux_hidden_states], dim=-1)
-            else:
-                hidden = hidden_states[:n]
-            held = self._specmoe_try_hold(0, runner.input_ids.gpu[:n], runner._get_positions(n), hidden, None,
-                                          cad)[3]
+            hidden = list(aux_hidden_states) if runner.use_aux_hidden_state_outputs else hidden_states
+            # vLLM's persistent buffers (the same tensors every step, whose numpy views are kept): its positions
+            # (M-RoPE, their other form, is not enabled here) and the query starts cad's are the head of
+            positions = getattr(runner, "positions", None)
+            qsl_buf = getattr(getattr(runner, "query_start_loc", None), "cpu", None)
+            if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or qsl_buf is None:
+                positions, qsl_buf = runner._get_positions(cad.num_actual_tokens), None
+            req_ids, _, held = self._specmoe_try_hold(0, runner.input_ids.gpu, positions, hidden, None, cad,
+                                                      qsl_buf)
             # no drafts as vLLM's token-id proposers give them (a list per request): the runner then skips the
             # copy of an empty draft tensor to the host and its event (only the asynchronous scheduling this
             # path excludes reads the tensor form)
-            return None if held is None else [[] for _ in range(held.shape[0])]
+            return [[] for _ in req_ids] if held else None
 
         def _forget_finished(self) -> None:
             held = self.specmoe_held
@@ -193,24 +281,30 @@ def _make_class(base: type) -> type:
             for r in [r for r in held.rows if r not in live]:
                 held.drop(r, lost=False)  # finished: nobody drafts from its rows again
 
-        def _hold(self, req_ids: list[str], qsl: list[int], ends: list[int], pos: Any, tokens: Any,
-                  hidden: Any, slots: Any) -> None:
+        def _hold(self, req_ids: list[str], qsl: list[int], ends: list[int], pos: list[int], tokens: Any,
+                  hidden: Any, slots: Any, views: dict[int, tuple[Any, Any]] | None = None) -> None:
+            """Hold the step's kept rows (``views``: where ``tokens`` is vLLM's persistent buffer)."""
             held = self.specmoe_held
+            n_all = qsl[-1]
+            tok, slot = _ints(tokens, n_all, views), _ints(slots, n_all)
             ix = None  # every row of the step kept (a step that verified nothing): plain copies
             if any(e + 1 != s for s, e in zip(qsl[1:], ends)):
-                idx = np.concatenate([np.arange(s, e + 1) for s, e in zip(qsl[:-1], ends)])
-                ix = torch.from_numpy(idx).to(tokens.device)
-
-            def sel(t: Any) -> Any:  # a copy: vLLM reuses its buffers next step
-                return t[: qsl[-1]].clone() if ix is None else t.index_select(0, ix)
-
-            c = len(held.chunks)
-            held.chunks.append((sel(tokens), sel(pos.to(tokens.device)), sel(hidden), sel(slots)))
-            off = 0
+                idx = [i for s, e in zip(qsl[:-1], ends) for i in range(s, e + 1)]
+                tok, pos, slot = ([v[i] for i in idx] for v in (tok, pos, slot))
+                ix = torch.tensor(idx, device=tokens.device)
+                if isinstance(hidden, list):
+                    hidden = torch.cat([h[:n_all] for h in hidden], dim=-1)
+            else:
+                pos = pos[:n_all]
+            off = held.put(tok, pos, slot, hidden, ix)
             for r, s, e in zip(req_ids, qsl[:-1], ends):
                 n = e - s + 1
-                held.rows.setdefault(r, []).append((c, off, n))
-                held.last[r] = int(pos[e])
+                segs = held.rows.setdefault(r, [])
+                if segs and segs[-1][0] + segs[-1][1] == off:
+                    segs[-1] = (segs[-1][0], segs[-1][1] + n)  # contiguous with its last rows: one segment
+                else:
+                    segs.append((off, n))
+                held.last[r] = held.pos[off + n - 1]
                 off += n
                 held.total += n
 
@@ -218,11 +312,10 @@ def _make_class(base: type) -> type:
                    cad: Any) -> tuple[Any, Any, Any, Any]:
             """The step's rows with each request's held rows in front; its attention metadata to match."""
             held = self.specmoe_held
-            base = np.cumsum([0] + [len(ch[0]) for ch in held.chunks])
-            cur = int(base[-1])
+            cur = held.used
             index, lens = [], []
             for i, r in enumerate(req_ids):
-                parts = [np.arange(base[c] + o, base[c] + o + n) for c, o, n in held.rows.get(r, ())]
+                parts = [np.arange(o, o + n) for o, n in held.rows.get(r, ())]
                 parts.append(np.arange(cur + qsl[i], cur + qsl[i + 1]))
                 seg = np.concatenate(parts)
                 index.append(seg)
@@ -232,12 +325,14 @@ def _make_class(base: type) -> type:
             n = qsl[-1]
             ix = torch.from_numpy(np.concatenate(index)).to(dev)
 
-            def cat(j: int, cur_t: Any) -> Any:
-                return torch.cat([ch[j] for ch in held.chunks] + [cur_t[:n].to(held.chunks[0][j].dtype)]
-                                 ).index_select(0, ix)
+            def cat(kept: Any, cur_t: Any) -> Any:
+                if isinstance(kept, list):  # held ints
+                    kept = torch.tensor(kept, dtype=cur_t.dtype, device=dev)
+                    return torch.cat([kept, cur_t[:n]]).index_select(0, ix)
+                return torch.cat([kept[:cur], cur_t[:n].to(kept.dtype)]).index_select(0, ix)
 
-            new_tokens, new_pos = cat(0, tokens), cat(1, positions)
-            new_hidden, new_slots = cat(2, hidden), cat(3, cad.slot_mapping)
+            new_tokens, new_pos = cat(held.tok, tokens), cat(held.pos, positions)
+            new_hidden, new_slots = cat(held.hidden, hidden), cat(held.slot, cad.slot_mapping)
             new_qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
             qsl_cpu = torch.from_numpy(new_qsl)
             new_cad = cad.replace(query_start_loc=qsl_cpu.to(dev), query_start_loc_cpu=qsl_cpu,
@@ -247,11 +342,10 @@ def _make_class(base: type) -> type:
                                   _num_computed_tokens_cache=None, _token_to_req_indices_cache=None)
             for r in req_ids:
                 if r in held.rows:
-                    held.total -= sum(c for _, _, c in held.rows.pop(r))
+                    held.total -= sum(c for _, c in held.rows.pop(r))
                     held.last.pop(r, None)
             if not held.rows:
-                held.chunks.clear()
-                held.total = 0
+                held._reset()
             self.specmoe_stats["catch_up_rows"] += caught
             return new_tokens, new_pos, new_hidden, new_cad
 

@@ -66,6 +66,7 @@ __all__ = ["FORMAT", "COST_TERMS", "PROBE_FIRST", "PROBE_MAX",
 FORMAT = "specmoe_vllm.policy/1"
 #: the step-cost terms (seconds per unit); see the module docstring
 COST_TERMS = ("fixed", "rows", "tokens", "expert_layers", "kv_slots", "draft_steps", "spec_pass", "sampled_tokens")
+_KV = COST_TERMS.index("kv_slots")
 #: consecutive floor steps before the first probe, and the most the doubling wait between probes grows to
 PROBE_FIRST, PROBE_MAX = 8, 256
 
@@ -323,49 +324,85 @@ class OnlineCost:
     coefficient that alone explains 1/n of the mean step), terms clipped at 0 and refitted without them. The
     window's normal equations are kept as running sums (a step adds its row, the one leaving the window is taken
     out), so a refit solves one small system instead of reading the window again (that read cost ~1-2 % of a
-    floor step in pure Python)."""
+    floor step in pure Python).
 
-    def __init__(self, prior: CostTerms, window: int = 256, prior_weight: float = 4.0, every: int = 64):
+    Consecutive steps of one shape (every term equal but ``kv_slots``, which grows a token per step: floor steps
+    of the same requests) enter as one row of weight m (up to ``batch``), their mean shape and time: the same
+    normal equations up to the spread of kv_slots within the run, at a fraction of the host work per step (a
+    step's accounting cost ~30 us inside vLLM, where the model's pass leaves the interpreter's caches cold). The
+    window counts steps (weights), not rows."""
+
+    def __init__(self, prior: CostTerms, window: int = 256, prior_weight: float = 4.0, every: int = 64,
+                 batch: int = 8):
         self.prior = {k: prior.coef.get(k, 0.0) for k in COST_TERMS}  # a term the caller left out is 0
         self.current = CostTerms(dict(self.prior))
-        self.obs: deque[tuple[list[float], float]] = deque(maxlen=window)
+        self.window = window
+        self.obs: deque[tuple[list[float], float, float]] = deque()  # (shape, seconds, weight)
         self.prior_weight = prior_weight
         self.every = every
-        self._since = 0
+        self.batch = max(1, int(batch))
+        self._since = 0.0
+        self._w = 0.0  # steps in the window
+        self._run: list[Any] | None = None  # the open run of one shape: [shape, kv sum, seconds sum, steps]
         n = len(COST_TERMS)
-        self._ata = [[0.0] * n for _ in range(n)]  # sum over the window of (x / y)(x / y)^T
-        self._atb = [0.0] * n  # sum of x / y
-        self._sx = [0.0] * n  # sum of x
-        self._sy = 0.0  # sum of y
+        self._ata = [[0.0] * n for _ in range(n)]  # sum over the window of w (x / y)(x / y)^T
+        self._atb = [0.0] * n  # sum of w x / y
+        self._sx = [0.0] * n  # sum of w x
+        self._sy = 0.0  # sum of w y
 
-    def _account(self, x: list[float], y: float, sign: float) -> None:
+    def _account(self, x: list[float], y: float, weight: float) -> None:
         nz = [(i, v / y, v) for i, v in enumerate(x) if v != 0.0]  # a floor step leaves some terms at 0
         atb, sx, ata = self._atb, self._sx, self._ata
         for i, ri, xi in nz:
-            atb[i] += sign * ri
-            sx[i] += sign * xi
-            a, sri = ata[i], sign * ri
+            atb[i] += weight * ri
+            sx[i] += weight * xi
+            a, wri = ata[i], weight * ri
             for j, rj, _ in nz:
-                a[j] += sri * rj
-        self._sy += sign * y
+                a[j] += wri * rj
+        self._sy += weight * y
 
     def observe(self, x: dict[str, float], seconds: float) -> None:
         if not seconds > 0:
             return
-        if len(self.obs) == self.obs.maxlen:
-            self._account(*self.obs[0], -1.0)
         row = [x.get(k, 0.0) for k in COST_TERMS]
-        self.obs.append((row, seconds))
-        self._account(row, seconds, 1.0)
-        self._since += 1
+        run = self._run
+        if run is not None:
+            if run[3] < self.batch and row[:_KV] == run[0][:_KV] and row[_KV + 1:] == run[0][_KV + 1:]:
+                run[1] += row[_KV]
+                run[2] += seconds
+                run[3] += 1
+                return
+            self._close_run()
+        self._run = [row, row[_KV], seconds, 1]
+
+    def _close_run(self) -> None:
+        run, self._run = self._run, None
+        if run is None:
+            return
+        shape, kv, y, m = run
+        shape = list(shape)
+        shape[_KV] = kv / m
+        while self.obs and self._w + m > self.window:
+            old = self.obs.popleft()
+            self._account(old[0], old[1], -old[2])
+            self._w -= old[2]
+        self.obs.append((shape, y / m, float(m)))
+        self._account(shape, y / m, float(m))
+        self._w += m
+        self._since += m
         if self._since >= self.every:
-            self.refit()
+            self._refit()
 
     def refit(self) -> None:
+        """Refit now (the open run of steps included)."""
+        self._close_run()
+        self._refit()
+
+    def _refit(self) -> None:
         self._since = 0
         if not self.obs:
             return
-        n, m = len(COST_TERMS), len(self.obs)
+        n, m = len(COST_TERMS), self._w
         # a term's ridge scale: its prior, or (a zero prior) the coefficient that alone would explain 1/n of
         # the mean step, so a term the file left at 0 can still be learned from the steps
         mean_y = self._sy / m
@@ -425,6 +462,8 @@ class Decision:
     rate: float
     ar_rate: float
     shape: dict[str, float]
+    #: the step's predicted seconds where the decision priced it already (a floor step), else 0
+    seconds: float = 0.0
 
 
 class _Union:
@@ -685,7 +724,7 @@ class GoodputPolicy:
         t = self.cost.current.seconds(shape, self.expert_cost)
         self.floor_run += 1
         rate = num / t if t > 0 else 0.0
-        return Decision({r.req: 0 for r in rows}, 0, rate, rate, shape)
+        return Decision({r.req: 0 for r in rows}, 0, rate, rate, shape, t)
 
     # -------------------------------------------------------------- feedback
     def observe_step(self, results: Iterable[tuple[str, bool, int, int]]) -> None:

@@ -15,9 +15,10 @@ false = the token-only variant), ``online`` (refit the cost from measured step t
 (``wall``, default, or ``process``: steps timed by the engine process's CPU time, load-independent on a shared
 machine with one OpenMP thread and the engine in-process), ``log`` (a JSON-lines file, flushed whenever no
 request is left: per step the drafts each request held, the policy's choice, what vLLM scheduled and
-``k_next``), ``skip_drafter`` (default true: a step that verifies and proposes nothing runs as plain decoding,
-without the drafter's pass or the rejection sampler, :mod:`specmoe_vllm.drafter`; false: vLLM's own way, every
-step pays them).
+``k_next``; a run of quiet steps, where no request held a draft and none were proposed, as one line
+``{"step": first, "quiet_steps": n}``), ``skip_drafter`` (default true: a step that verifies and proposes
+nothing runs as plain decoding, without the drafter's pass or the rejection sampler, :mod:`specmoe_vllm.drafter`;
+false: vLLM's own way, every step pays them).
 
 Each step, before vLLM's own scheduling: the policy sees every running request (its proposed drafts, last token,
 context) and returns ``k_r``; a request's ``spec_token_ids`` are cut to ``k_r`` (vLLM then schedules ``1 + k_r``
@@ -84,6 +85,7 @@ class SpecMoEScheduler(Scheduler):
         self._log = open(opts["log"], "a") if opts.get("log") else None
         self._clock = time.process_time if opts.get("clock") == "process" else time.perf_counter
         self._pending: dict[str, Any] | None = None  # the last step's decision, until its time is known
+        self._quiet: list[int] | None = None  # the open run of quiet steps in the log: [first step, steps]
         self._step = 0
 
     # -------------------------------------------------------------- before vLLM schedules
@@ -127,17 +129,28 @@ class SpecMoEScheduler(Scheduler):
         out = super().schedule(*args, **kwargs)
         if decision is not None:
             out.num_spec_tokens_to_schedule = decision.k_next
-            coef_seconds = self.specmoe_policy.cost.current.seconds(decision.shape, True)
-            self._pending = {"t": now, "shape": decision.shape, "predicted": max(coef_seconds, 1e-6),
+            predicted = decision.seconds or self.specmoe_policy.cost.current.seconds(decision.shape, True)
+            self._pending = {"t": now, "shape": decision.shape, "predicted": max(predicted, 1e-6),
                              "pure_decode": all(r.extra_tokens == 0 for r in rows),
                              "ids": {r.req for r in rows}}
             if self._log is not None:
-                sched = {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()}
-                self._log.write(json.dumps({"step": self._step, "held": held, "k": decision.k, "scheduled": sched,
-                                            "k_next": decision.k_next, "rate": decision.rate,
-                                            "ar_rate": decision.ar_rate}) + "\n")
+                if not held and decision.k_next == 0:  # quiet: one line per run of them (a line costs ~30 us)
+                    self._quiet = self._quiet or [self._step, 0]
+                    self._quiet[1] += 1
+                else:
+                    self._write_quiet()
+                    sched = {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()}
+                    self._log.write(json.dumps({"step": self._step, "held": held, "k": decision.k,
+                                                "scheduled": sched, "k_next": decision.k_next,
+                                                "rate": decision.rate, "ar_rate": decision.ar_rate}) + "\n")
         self._step += 1
         return out
+
+    def _write_quiet(self) -> None:
+        """The run of quiet steps (no request held a draft, none proposed next) as one line."""
+        if self._quiet and self._log is not None:
+            self._log.write(json.dumps({"step": self._quiet[0], "quiet_steps": self._quiet[1]}) + "\n")
+        self._quiet = None
 
     # -------------------------------------------------------------- after the pass
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any):
@@ -157,11 +170,13 @@ class SpecMoEScheduler(Scheduler):
         for req_id in scheduler_output.finished_req_ids:
             self.specmoe_policy.finished(req_id)
         if self._log is not None and not self.running and not self.waiting:
+            self._write_quiet()
             self._log.flush()  # idle: the log is complete up to here (not flushed per step: a write per step)
         return out
 
     def shutdown(self) -> None:
         if self._log is not None:
+            self._write_quiet()
             self._log.close()
             self._log = None
         super().shutdown()

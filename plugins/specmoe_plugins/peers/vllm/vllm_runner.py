@@ -215,7 +215,13 @@ def _budget(log: list[dict], results) -> dict:
     capped = 0
     k_hist: dict[int, int] = {}
     next_hist: dict[int, int] = {}
+    steps = 0
     for step in log:
+        if "quiet_steps" in step:  # a run of steps that held and proposed no draft, as one line
+            steps += step["quiet_steps"]
+            next_hist[0] = next_hist.get(0, 0) + step["quiet_steps"]
+            continue
+        steps += 1
         next_hist[step["k_next"]] = next_hist.get(step["k_next"], 0) + 1
         for rid, held in step["held"].items():
             k = int(step["k"].get(rid, 0))
@@ -236,7 +242,7 @@ def _budget(log: list[dict], results) -> dict:
             violations += max(len(drafted), len(want))
             continue
         violations += sum(d > k for d, k in zip(drafted, want))
-    return {"steps": len(log), "steps_capped": capped, "k_hist": {str(k): v for k, v in sorted(k_hist.items())},
+    return {"steps": steps, "steps_capped": capped, "k_hist": {str(k): v for k, v in sorted(k_hist.items())},
             "k_next_hist": {str(k): v for k, v in sorted(next_hist.items())}, "budget_violations": violations,
             "budget_checked_steps": checked, "per_request": detail}
 
