@@ -294,8 +294,6 @@ def _make_class(base: type) -> type:
                 ix = torch.tensor(idx, device=tokens.device)
                 if isinstance(hidden, list):
                     hidden = torch.cat([h[:n_all] for h in hidden], dim=-1)
-            else:
-                pos = pos[:n_all]
             off = held.put(tok, pos, slot, hidden, ix)
             for r, s, e in zip(req_ids, qsl[:-1], ends):
                 n = e - s + 1

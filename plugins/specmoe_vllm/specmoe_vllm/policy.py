@@ -623,7 +623,7 @@ class GoodputPolicy:
             if k[pick] >= avail[pick]:
                 open_.remove(pick)
             if c_exp > 0:
-                if pick in gains and k[pick] < avail[pick]:
+                if k[pick] < avail[pick]:
                     gains[pick] = union.gain(drafts[pick][k[pick]])
                 if new:
                     for q in open_:
