@@ -25,13 +25,13 @@ CASES = [(1, "uniform"), (8, "uniform"), (8, "distinct"), (64, "uniform"), (64, 
 def _spec(name: str):
     from dataclasses import replace
 
-    from specmoe.bench.verifier import MODELS
+    from specmoe_plugins.verifiers.union.bench import MODELS
 
     return replace(MODELS[name], experts=EXPERTS[name])
 
 
 def routing(spec, t: int, kind: str, gen: torch.Generator) -> torch.Tensor:
-    from specmoe.bench.verifier import union_routing
+    from specmoe_plugins.verifiers.union.bench import union_routing
 
     union = {"uniform": spec.experts, "distinct": t * spec.top_k, "one_set": spec.top_k}[kind]
     if kind == "uniform":
@@ -53,7 +53,7 @@ def inputs(spec, t: int, kind: str, seed: int, device: str = "cuda", dtype=torch
 
 def _triton_verifier():
     pytest.importorskip("triton")
-    from specmoe_plugins.verifiers.triton_union import TritonUnionVerifier
+    from specmoe_plugins.verifiers.union.triton_verifier import TritonUnionVerifier
 
     v = TritonUnionVerifier()
     if v.kernels().is_interpreted():
@@ -64,14 +64,14 @@ def _triton_verifier():
 def _impl(name: str):
     if name == "triton_union":
         return _triton_verifier().experts_forward
-    from specmoe.kernels.union_torch import union_experts_forward
+    from specmoe_plugins.verifiers.union.reference import union_experts_forward
 
     return union_experts_forward
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def layer(request):
-    from specmoe.bench.verifier import build_experts
+    from specmoe_plugins.verifiers.union.bench import build_experts
 
     spec = _spec(request.param)
     module = build_experts(spec, torch.bfloat16, torch.device("cuda"), seed=0)
@@ -146,6 +146,6 @@ def test_large_token_count_falls_back_to_torch_union(layer):
     spec, module, _ = layer
     v = _triton_verifier()
     x, idx, w = inputs(spec, 128, "uniform", seed=5)
-    from specmoe.kernels.union_torch import union_experts_forward
+    from specmoe_plugins.verifiers.union.reference import union_experts_forward
 
     assert torch.equal(v.experts_forward(module, x, idx, w), union_experts_forward(module, x, idx, w))

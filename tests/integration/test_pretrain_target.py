@@ -129,7 +129,7 @@ def test_collapse_check_on_synthetic_counts():
 
 
 def test_forced_routing_has_exact_union():
-    from specmoe.bench.expert_latency import fit_line, forced_routing
+    from specmoe_plugins.selectors.goodput.expert_latency import fit_line, forced_routing
 
     gen = torch.Generator().manual_seed(0)
     for u in range(4, 33):
@@ -146,7 +146,7 @@ def test_forced_routing_has_exact_union():
 @pytest.mark.parametrize("mode", ["experts", "model"])
 def test_expert_latency_routes_through_the_real_experts(make_target, mode):
     """Both modes reach every experts module with exactly ``u`` distinct experts per layer."""
-    from specmoe.bench.expert_latency import measure
+    from specmoe_plugins.selectors.goodput.expert_latency import measure
 
     target = make_target("gpt_oss")
     seen: list[int] = []

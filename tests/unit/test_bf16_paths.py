@@ -70,7 +70,7 @@ def _gpt_oss(dtype: torch.dtype):
 
 
 def test_prepare_restores_gpt_oss_experts_output_major_in_bf16_only():
-    from specmoe.kernels.union_torch import prepare
+    from specmoe_plugins.verifiers.union.reference import prepare
 
     for dtype, expect in ((torch.bfloat16, True), (torch.float32, False)):
         module = _gpt_oss(dtype).model.layers[0].mlp.experts
@@ -84,8 +84,8 @@ def test_prepare_restores_gpt_oss_experts_output_major_in_bf16_only():
 def test_bf16_union_experts_on_prepared_weights(monkeypatch):
     """One token and 24 tokens (experts get several rows), every row through the matrix-vector kernel, against
     the float32 model; within twice the error of the model's own bf16 eager loop."""
-    from specmoe.kernels import union_torch
-    from specmoe.kernels.union_torch import prepare, union_experts_forward
+    from specmoe_plugins.verifiers.union import reference as union_torch
+    from specmoe_plugins.verifiers.union.reference import prepare, union_experts_forward
 
     monkeypatch.setattr(union_torch, "PACK_MAX_BYTES", 0)  # the unpacked route (packed: test_packed_weights.py)
     gold_model, model = _gpt_oss(torch.float32), _gpt_oss(torch.bfloat16)

@@ -212,7 +212,7 @@ def test_a_router_hook_added_after_the_pass_was_built_runs_the_pass_eagerly(comp
     """Forced routing through router forward hooks (``bench expert_latency``'s ``override_routers``) added after
     the compiled pass was traced: the graph would not see the hook, so the pass runs eagerly and routes as
     forced; with the hooks removed the passes are compiled again."""
-    from specmoe.bench.expert_latency import forced_routing, override_routers
+    from specmoe_plugins.selectors.goodput.expert_latency import forced_routing, override_routers
 
     target = compiled_target(tiny_cache, "gpt_oss")
     graph = target._graph

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Weights packed into oneDNN's layout on CPUs (issue 23.4): float32 ``nn.Linear`` layers above
 ``FP32_PACK_MIN`` weights (``specmoe.models.linear``) and the experts of the union verifier
-(``specmoe.kernels.union_torch.packed_experts``, float32; bf16 experts must stay unpacked).
+(``specmoe_plugins.verifiers.union.reference.packed_experts``, float32; bf16 experts must stay unpacked).
 
 Each route is checked against a float64 reference with the error of the unpacked computation as the bound
 (never a machine-dependent rounding), proven to run (its calls counted), repacked when the weights change and
@@ -16,8 +16,8 @@ import pytest
 import torch
 from fixtures.spies import count_calls
 
-from specmoe.kernels import union_torch
 from specmoe.models import linear
+from specmoe_plugins.verifiers.union import reference as union_torch
 
 
 def test_float32_layers_above_the_threshold_take_the_packed_weight(monkeypatch):

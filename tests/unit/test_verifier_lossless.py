@@ -103,7 +103,7 @@ def test_lossless_triton_union_interpreted(triton_report, arch, selector):
 
 if __name__ == "__main__":  # the interpreter subprocess: python test_verifier_lossless.py CACHE REPORT.json
     torch.set_num_threads(1)
-    from specmoe_plugins.verifiers.triton_union import kernels as union_moe
+    from specmoe_plugins.verifiers.union import kernels as union_moe
 
     if not union_moe.is_interpreted():
         sys.exit("TRITON_INTERPRET=1 must be set for this script")

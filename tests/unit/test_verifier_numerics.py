@@ -55,7 +55,7 @@ def _rows(t: int, k: int, e: int, g: torch.Generator) -> torch.Tensor:
 
 def case_inputs(arch: str, case: str, module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(hidden [T, H], top_k_index [T, K], top_k_weights [T, K])`` of one routing edge case."""
-    from specmoe.kernels.layout import experts_layout
+    from specmoe_plugins.verifiers.union.layout import experts_layout
 
     lay = experts_layout(module)
     e, k = lay.num_experts, {"gpt_oss": 2, "qwen3_moe": 2, "deepseek_v3": 4}[arch]
@@ -224,7 +224,7 @@ def test_cases_cover_the_routing_edge_cases():
 
 @pytest.mark.parametrize("t,k,e", [(1, 4, 16), (5, 2, 8), (16, 4, 16), (3, 8, 256)])
 def test_routing_meta_groups_slots_by_expert(t, k, e):
-    from specmoe_plugins.verifiers.triton_union.routing_meta import routing_meta
+    from specmoe_plugins.verifiers.union.routing_meta import routing_meta
 
     g = torch.Generator().manual_seed(t * 1000 + e)
     idx = _rows(t, k, e, g)
@@ -265,7 +265,7 @@ def test_torch_union_bf16_keeps_dtype_and_is_as_accurate_as_eager(arch):
     w_model = w if arch == "deepseek_v3" else w.bfloat16()  # DeepSeek-V3 routes with fp32 weights
     gold = eager_reference(gold_model, gold_module, hidden, idx, w)
     ref = eager_reference(model, module, hidden.bfloat16(), idx, w_model)
-    from specmoe.kernels.union_torch import union_experts_forward
+    from specmoe_plugins.verifiers.union.reference import union_experts_forward
 
     out = union_experts_forward(module, hidden.bfloat16(), idx, w_model)
     assert out.dtype == torch.bfloat16
@@ -280,7 +280,7 @@ def test_triton_on_cpu_without_interpreter_is_a_user_error():
     if os.environ.get("TRITON_INTERPRET"):
         pytest.skip("this process runs the Triton interpreter")
     from specmoe.errors import UserError
-    from specmoe_plugins.verifiers.triton_union import TritonUnionVerifier
+    from specmoe_plugins.verifiers.union.triton_verifier import TritonUnionVerifier
 
     model = build_model("qwen3_moe")
     module = experts_module(model)
@@ -291,7 +291,7 @@ def test_triton_on_cpu_without_interpreter_is_a_user_error():
 
 def test_missing_triton_is_a_missing_extra_error(monkeypatch):
     from specmoe.errors import MissingExtraError
-    from specmoe_plugins.verifiers.triton_union import TritonUnionVerifier
+    from specmoe_plugins.verifiers.union.triton_verifier import TritonUnionVerifier
 
     monkeypatch.setitem(sys.modules, "triton", None)  # what an environment without the extra looks like
     with pytest.raises(MissingExtraError, match=r"specmoe\[triton\]"):
@@ -299,7 +299,7 @@ def test_missing_triton_is_a_missing_extra_error(monkeypatch):
 
 
 def test_triton_large_token_count_uses_the_torch_union_path():
-    from specmoe_plugins.verifiers.triton_union import TritonUnionVerifier
+    from specmoe_plugins.verifiers.union.triton_verifier import TritonUnionVerifier
 
     model = build_model("deepseek_v3")
     module = experts_module(model)
@@ -335,7 +335,7 @@ def test_triton_interpreter_rejects_bf16(triton_report):
 
 if __name__ == "__main__":  # the interpreter subprocess: python test_verifier_numerics.py REPORT.json
     torch.set_num_threads(1)
-    from specmoe_plugins.verifiers.triton_union import kernels as union_moe
+    from specmoe_plugins.verifiers.union import kernels as union_moe
 
     if not union_moe.is_interpreted():
         sys.exit("TRITON_INTERPRET=1 must be set for this script")

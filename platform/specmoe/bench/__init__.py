@@ -9,8 +9,6 @@ Benchmarks report ratios measured in one run; tests never assert wall-clock limi
 #: core bench name -> module (plugin benchmarks come from the entry-point group ``specmoe.benches``)
 BENCHES = {
     "engine": "specmoe.bench.engine",
-    "verifier": "specmoe.bench.verifier",
-    "expert_latency": "specmoe.bench.expert_latency",
     "selector": "specmoe.bench.selector",
     "tree": "specmoe.bench.tree",
 }

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Kernels for union-aware MoE verification.
+"""Row kernels shared by the compiled decoding passes (``row_kernels``).
 
-``layout`` and ``union_torch`` (the PyTorch specification of the kernels) are plain PyTorch; the Triton kernels
-(``triton``, an optional extra) and their routing metadata are the ``triton_union`` verifier's, in its folder
-(``union_moe`` and ``routing_meta`` here are deprecated aliases of them).
+The union-of-experts kernels (the PyTorch specification, the experts layout and the Triton kernels) are the union
+verifiers', in their folder ``specmoe_plugins.verifiers.union``; ``union_torch``, ``layout``, ``union_moe`` and
+``routing_meta`` here are deprecated aliases of them.
 """
 
 __all__: list[str] = []

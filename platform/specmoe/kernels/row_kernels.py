@@ -13,7 +13,7 @@ input equals the previous row's bit for bit (the autoregressive step runs as two
 result instead of computing it again.
 
 * :func:`row_experts` (``specmoe::row_experts``): each (token, expert) slot's expert MLP, slots sorted by expert,
-  the union's weights read once per pass (:func:`specmoe.kernels.union_torch.graph_experts`);
+  the union's weights read once per pass (:func:`specmoe_plugins.verifiers.union.reference.graph_experts`);
 * :func:`row_linear` (``specmoe::row_linear``): a dense product (the attention's projections, the LM head).
 
 Built through inductor's code cache (:class:`torch._inductor.codecache.CppCodeCache`: the compiler and flags of

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Deprecated alias (kept through specmoe 0.2.x, removed in 0.3.0): the Triton union kernels moved into the
-``triton_union`` verifier's folder, ``specmoe_plugins.verifiers.triton_union.kernels`` (the only code that runs
+union verifiers' folder, ``specmoe_plugins.verifiers.union.kernels`` (the only code that runs
 them). Every name taken from here is that module's object, with a :class:`DeprecationWarning`; the core imports it
 (and ``triton``) only then, by name."""
 
@@ -10,4 +10,4 @@ from specmoe.utils.deprecation import moved_names
 
 __all__ = ["UnionBlocks", "union_moe", "is_interpreted"]  # noqa: F822
 
-__getattr__, __dir__ = moved_names(__name__, "specmoe_plugins.verifiers.triton_union.kernels", __all__, use=None)
+__getattr__, __dir__ = moved_names(__name__, "specmoe_plugins.verifiers.union.kernels", __all__, use=None)

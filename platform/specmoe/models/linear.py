@@ -62,7 +62,7 @@ def shared_pass():
     """A pass that every method runs alike (a prompt pass into an empty cache: the same for the autoregressive
     reference and every speculative method), whose rows need not round as they would alone: inside it, kernels
     that otherwise take one row per call for that reason may take a row block at once
-    (:func:`specmoe.kernels.union_torch` reduced-precision experts)."""
+    (:func:`specmoe_plugins.verifiers.union.reference` reduced-precision experts)."""
     _SHARED[0] += 1
     try:
         yield

@@ -52,9 +52,9 @@ def calibrate(target: Any, configs: list[tuple[int, int, int, int]], *, iters: i
     """One record ``{batch, context, gamma, union, seconds}`` per timed call."""
     import torch
 
-    from specmoe.bench.expert_latency import forced_routing, override_routers
     from specmoe.decoding.clock import device_sync
     from specmoe.interfaces.kv import KVState
+    from specmoe_plugins.selectors.goodput.expert_latency import forced_routing, override_routers
 
     dev, k, n_exp = target.device, target.top_k, target.num_experts
     routers = target.routers()

@@ -210,7 +210,7 @@ class LeanDecoder:
         """The model's own MLP module on ``x``. Reduced precision on a CPU, up to :data:`NATIVE_ROWS` rows:
         with oneDNN off, so the router's projection takes torch's own kernel (4 against 17 us for the demo's
         32 x 256 router; each row's result the same whatever the number of rows), as the experts' single rows
-        already do (:mod:`specmoe.kernels.union_torch`)."""
+        already do (:mod:`specmoe_plugins.verifiers.union.reference`)."""
         if not self.reduced or x.numel() > NATIVE_ROWS * x.shape[-1] or not torch.backends.mkldnn.enabled:
             m = layer.mlp(x)
         else:

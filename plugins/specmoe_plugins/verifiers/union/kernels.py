@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 from specmoe.errors import UserError
-from specmoe.kernels.layout import ACT_SILU, ACT_SWIGLU_OAI, ExpertsLayout
-from specmoe_plugins.verifiers.triton_union.routing_meta import RoutingMeta, routing_meta
+from specmoe_plugins.verifiers.union.layout import ACT_SILU, ACT_SWIGLU_OAI, ExpertsLayout
+from specmoe_plugins.verifiers.union.routing_meta import RoutingMeta, routing_meta
 
 __all__ = ["UnionBlocks", "union_moe", "is_interpreted"]
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """``torch_union``: expert-union-grouped MoE experts in plain PyTorch
-(:func:`specmoe.kernels.union_torch.union_experts_forward`, the specification of the Triton kernels)."""
+(:func:`specmoe_plugins.verifiers.union.reference.union_experts_forward`, the specification of the Triton kernels)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Literal, Optional
 import torch
 
 from specmoe.interfaces.verifier import GraphExperts, Verifier
-from specmoe.kernels.union_torch import graph_experts, prepare, union_experts_forward
+from specmoe_plugins.verifiers.union.reference import graph_experts, prepare, union_experts_forward
 
 __all__ = ["TorchUnionVerifier"]
 
@@ -25,7 +25,7 @@ class TorchUnionVerifier(Verifier):
         strategy: Optional[Literal["grouped", "loop"]] = None
         """``grouped`` (``grouped_mm`` over the slots sorted by expert: a fixed number of operations, no host
         sync), ``loop`` (one matmul per union expert); default: ``loop`` on CPUs, ``grouped`` on GPUs where
-        torch runs it for the weights' dtype (see :mod:`specmoe.kernels.union_torch`)."""
+        torch runs it for the weights' dtype (see :mod:`specmoe_plugins.verifiers.union.reference`)."""
         compile: bool = True
         """on a CPU, the target's decoding passes as one compiled graph with this verifier's graph form of the
         experts inside (``specmoe_plugins.targets.hf.graph``; the eager passes where the machine cannot compile it or
@@ -46,7 +46,7 @@ class TorchUnionVerifier(Verifier):
 
     def install(self, target: Any) -> None:
         """Switch ``target`` to this implementation; on a CPU in bf16 / fp16 the GPT-OSS experts' weights are
-        re-stored output-major first (:func:`~specmoe.kernels.union_torch.prepare`: same values)."""
+        re-stored output-major first (:func:`~specmoe_plugins.verifiers.union.reference.prepare`: same values)."""
         for module in target.experts_modules():
             prepare(module)
         super().install(target)

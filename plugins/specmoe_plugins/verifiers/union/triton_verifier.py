@@ -19,8 +19,8 @@ import torch
 
 from specmoe.errors import UserError, require
 from specmoe.interfaces.verifier import Verifier
-from specmoe.kernels.layout import experts_layout
-from specmoe.kernels.union_torch import union_experts_forward
+from specmoe_plugins.verifiers.union.layout import experts_layout
+from specmoe_plugins.verifiers.union.reference import union_experts_forward
 
 __all__ = ["TritonUnionVerifier"]
 
@@ -63,7 +63,7 @@ class TritonUnionVerifier(Verifier):
         """The kernel module (imports triton on first use)."""
         if self._kernels is None:
             require("triton", "triton")
-            from specmoe_plugins.verifiers.triton_union import kernels
+            from specmoe_plugins.verifiers.union import kernels
 
             c = self.config
             self._blocks = kernels.UnionBlocks(block_n=c.block_n, block_k=c.block_k,
