@@ -115,7 +115,7 @@ def test_grouped_attention_equals_eager(rep, sinks, mask_kind):
     import transformers.models.gpt_oss.modeling_gpt_oss as gpt_oss
     import transformers.models.qwen3_moe.modeling_qwen3_moe as qwen3
 
-    from specmoe.models.attention import grouped_attention
+    from specmoe_plugins.targets.hf.attention import grouped_attention
 
     g = torch.Generator().manual_seed(rep)
     b, hkv, n, s, d = 2, 2, 3, 13, 8

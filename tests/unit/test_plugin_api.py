@@ -259,6 +259,8 @@ MOVED_INTO_PLUGINS = {
     "specmoe.bench.expert_latency": ("specmoe_plugins.selectors.goodput.expert_latency",
                                      ["add_arguments", "run", "forced_routing", "override_routers", "fit_line",
                                       "measure"]),
+    "specmoe.models.attention": ("specmoe_plugins.targets.hf.attention",
+                                 ["ATTN_IMPLEMENTATION", "grouped_attention", "register"]),
     "specmoe.kernels.union_moe": ("specmoe_plugins.verifiers.union.kernels",
                                   ["UnionBlocks", "union_moe", "is_interpreted"]),
     "specmoe.kernels.routing_meta": ("specmoe_plugins.verifiers.union.routing_meta",

@@ -15,7 +15,7 @@ the routing itself are the model's) -> residual; final norm. What changes is onl
 query, key and value projections are one matrix product over their concatenated weights (the same sums per
 output; re-concatenated whenever a weight changes), the rotary embedding is the model's own rotary module's
 tables (computed once: :class:`specmoe.models.rope.RopeTables`) applied to queries and keys in one call, and
-the attention is :func:`specmoe.models.attention.grouped_attention` with the 4D masks the target builds. Norms
+the attention is :func:`.attention.grouped_attention` with the 4D masks the target builds. Norms
 are the model's RMSNorm math (float32 statistics) without the module call.
 
 Which models: attention modules with ``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj`` linear layers (optional
@@ -34,8 +34,8 @@ from typing import Any, Sequence
 import torch
 
 from specmoe.models import linear
-from specmoe.models.attention import grouped_attention
 from specmoe.models.rope import RopeTables, rotate
+from specmoe_plugins.targets.hf.attention import grouped_attention
 
 __all__ = ["LeanDecoder"]
 

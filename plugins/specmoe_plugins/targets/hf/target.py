@@ -29,8 +29,9 @@ from specmoe.errors import UserError
 from specmoe.interfaces.kv import KVState
 from specmoe.interfaces.options import DType, torch_dtype
 from specmoe.interfaces.target import Target, TargetOutput, TargetParts
-from specmoe.models import attention, linear
+from specmoe.models import linear
 from specmoe.models.hf_masks import MaskSpec
+from specmoe_plugins.targets.hf import attention
 from specmoe_plugins.targets.hf.expert_bytes import ExpertBytes, expert_bytes
 from specmoe_plugins.targets.hf.graph import GraphDecoder
 from specmoe_plugins.targets.hf.lean import LeanDecoder
@@ -104,7 +105,7 @@ class HFTarget(Target):
         """``auto`` to spread a large checkpoint over all visible GPUs, or an explicit ``{module: device}``
         mapping (``transformers``' ``device_map``)."""
         attn_implementation: Optional[str] = None
-        """default: ``specmoe_gqa`` (:mod:`specmoe.models.attention`: eager's math with additive float masks and
+        """default: ``specmoe_gqa`` (:mod:`.attention`: eager's math with additive float masks and
         GPT-OSS sinks, without materialising repeated KV heads); ``eager`` is the model library's own."""
         revision: Optional[str] = None
         dequantize_mxfp4: bool = True
