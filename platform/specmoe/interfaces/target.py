@@ -127,22 +127,26 @@ class Target(Plugin, ABC):
     def top_k(self) -> int:
         """Experts chosen per token per MoE layer (``K``)."""
 
+    # Optional capabilities below carry defaults; a target overrides them where it knows better.
     @property
-    @abstractmethod
     def bytes_per_expert(self) -> int:
-        """Bytes of one routed expert's weights (and biases) as loaded, in the dtype the model runs in."""
+        """Bytes of one routed expert's weights (and biases) as loaded, in the dtype the model runs in. Default:
+        the parameters of the first MoE layer's experts module over :attr:`num_experts`."""
+        mod = self.experts_modules()[0]
+        return sum(p.numel() * p.element_size() for p in mod.parameters()) // max(1, self.num_experts)
 
     @property
-    @abstractmethod
     def bytes_per_expert_stored(self) -> int:
         """Bytes of one routed expert's weights (and biases) at the checkpoint's stored precision (MXFP4 with
-        its scales, FP8 with its block scales, bf16...): the size the paper's Fig. 1c and Table 2 count."""
+        its scales, FP8 with its block scales, bf16...): the size the paper's Fig. 1c and Table 2 count. Default:
+        :attr:`bytes_per_expert` (stored as loaded)."""
+        return self.bytes_per_expert
 
     @property
-    @abstractmethod
     def expert_storage(self) -> str:
         """A short description of how the checkpoint stores the experts (e.g. ``mxfp4: 4-bit e2m1 weights +
-        one e8m0 byte scale per 32 weights``)."""
+        one e8m0 byte scale per 32 weights``). Default: the loaded dtype."""
+        return f"{str(self.dtype).removeprefix('torch.')} weights, as loaded"
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -215,9 +219,12 @@ class Target(Plugin, ABC):
         """The router module of each MoE layer; calling one on ``[T, H]`` returns a tuple ending in
         the ``[T, K]`` chosen expert indices."""
 
-    @abstractmethod
     def router_inputs_norms(self) -> list[torch.nn.Module]:
-        """The normalization applied to the residual stream before each MoE layer's router."""
+        """The normalization applied to the residual stream before each MoE layer's router. Optional: only what
+        runs the routers outside the model reads it (a predictor that routes token embeddings, the dense-bytes
+        roofline); the default says the target does not expose it."""
+        raise NotImplementedError(f"target {type(self).__name__} does not expose the norms before its routers "
+                                  f"(Target.router_inputs_norms), which routing outside the model needs")
 
     @abstractmethod
     def experts_modules(self) -> list[torch.nn.Module]:
