@@ -662,8 +662,13 @@ class GoodputPolicy:
         u0 = self._joint(0.0, len(rows)) if c_exp > 0 else 0.0
         grow = [self._joint(u0, n) for n in range(len(order) + 1)] if c_exp > 0 else [u0] * (len(order) + 1)
         best_k, best_rate = 0, -1.0
+        # the cost is linear in the shape: the proposal adds its draft passes and, where it speculates, the
+        # speculative machinery to the pass priced once
+        t_base = self._seconds(len(rows), tokens, grow[0], kv, 0, 0.0, smp)
+        coef = self.cost.current.coef
+        c_draft, c_spec = coef.get("draft_steps", 0.0), coef.get("spec_pass", 0.0)
         for kn in range(min(least, self.K), self.K + 1):
-            t = self._seconds(len(rows), tokens, grow[0], kv, kn, self._spec(kn > 0), smp)
+            t = t_base + c_draft * kn + c_spec * self._spec(kn > 0)
             rate = num / t * (1 + self.spec.tolerance) if kn == 0 else -1.0
             got, n = num, 0
             for p, i, is_sampled in order:
