@@ -191,6 +191,13 @@ def _make_class(base: type) -> type:
                     target_hidden_states: Any, next_token_ids: Any, token_indices_to_sample: Any,
                     common_attn_metadata: Any, sampling_metadata: Any, mm_embed_inputs: Any = None,
                     num_rejected_tokens_gpu: Any = None, slot_mappings: Any = None) -> Any:
+            if num_speculative_tokens != 0 and not self.specmoe_held.rows:
+                # drafts to make and nothing held (every speculative step but a catch-up): vLLM's way as it is,
+                # without reading the step's requests (what the path below would conclude)
+                return super().propose(num_speculative_tokens, target_token_ids, target_positions,
+                                       target_hidden_states, next_token_ids, token_indices_to_sample,
+                                       common_attn_metadata, sampling_metadata, mm_embed_inputs=mm_embed_inputs,
+                                       num_rejected_tokens_gpu=num_rejected_tokens_gpu, slot_mappings=slot_mappings)
             kw = dict(num_speculative_tokens=num_speculative_tokens, target_token_ids=target_token_ids,
                       target_positions=target_positions, target_hidden_states=target_hidden_states,
                       next_token_ids=next_token_ids, token_indices_to_sample=token_indices_to_sample,
