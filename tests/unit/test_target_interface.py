@@ -6,7 +6,7 @@ routers). A target implementing only the required members decodes losslessly thr
 from __future__ import annotations
 
 import pytest
-from fixtures.tiny import random_prompts
+from fixtures.tiny import ARCHS, random_prompts
 
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
@@ -78,10 +78,11 @@ def test_the_optional_byte_accounting_defaults_to_the_experts_modules_parameters
         target.router_inputs_norms()
 
 
-def test_a_target_with_only_the_required_members_decodes_as_ar(make_predictable, agreeing_drafts):
-    inner = make_predictable("gpt_oss")[0]
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_target_with_only_the_required_members_decodes_as_ar(make_predictable, agreeing_drafts, arch):
+    inner = make_predictable(arch)[0]
     target = RequiredOnly(inner)
-    drafter = drafters.get("draft_model")(path=str(agreeing_drafts("gpt_oss", "draft_lm")))
+    drafter = drafters.get("draft_model")(path=str(agreeing_drafts(arch, "draft_lm")))
     drafter.setup(target)
     prompts = random_prompts(3, [3, 10, 19], target.vocab_size, seed=7)
     stop = StopRule(14)
