@@ -314,6 +314,44 @@ def test_kept_gains_pick_the_path_of_gains_recomputed_every_pick(tmp_path):
     assert differ > 0  # the expert gains changed some choices (else this test would not test them)
 
 
+def test_a_shorter_choice_must_beat_verifying_every_draft_by_the_tolerance(tmp_path):
+    """The guard band: a token cost where verifying two of three drafts is expected to beat all three by ~0.5 %.
+    Without a tolerance (or one under the gain) the shorter choice wins; with 1 % every draft is verified."""
+    rows, cost = [P.Row("a", [20, 21, 22], 10)], {"fixed": 1e-3, "tokens": 4.9e-4}
+    picks = {tol: P.GoodputPolicy(_spec(tmp_path, cost=cost, tolerance=tol), 3, online=False)._choose(
+        rows, {"a": 3}, 0)[0]["a"] for tol in (0.0, 0.001, 0.01)}
+    assert picks == {0.0: 2, 0.001: 2, 0.01: 3}
+
+
+def test_the_proposal_keeps_the_best_fixed_length_unless_a_request_is_clearly_worse(tmp_path):
+    """K_next: the best length for the shared rates (3 here) is kept while the request's own factor moves the
+    expected gain of a shorter proposal by less than the tolerance; without a tolerance the first dip flips it."""
+    cost = {"fixed": 1e-3, "tokens": 1e-4, "draft_steps": 2e-4}
+    rows = [P.Row("a", [], 10, 5)]
+    seen = {}
+    for tol in (0.0, 0.01):
+        pol = P.GoodputPolicy(_spec(tmp_path, cost=cost, tolerance=tol), 3, online=False)
+        seen[tol] = [pol.decide(rows).k_next]
+        for _ in range(3):  # the request accepts 2 of 3 drafts, under the shared rates: its factor falls
+            pol.observe_step([("a", False, 3, 2)])
+            seen[tol].append(pol.decide(rows).k_next)
+    assert seen[0.0] == [3, 2, 2, 2]
+    assert seen[0.01] == [3, 3, 2, 2]
+
+
+def test_the_fixed_reference_is_planned_again_after_ref_steps(tmp_path):
+    """The best fixed length is kept for ``REF_STEPS`` steps, then planned again from the shared rates: after the
+    third draft stops being accepted by every request, the reference falls with it."""
+    cost = {"fixed": 1e-3, "tokens": 1e-4, "draft_steps": 2e-4}
+    pol = P.GoodputPolicy(_spec(tmp_path, cost=cost, tolerance=0.5), 3, online=False)
+    rows = [P.Row("a", [], 10, 5)]
+    assert pol.decide(rows).k_next == 3
+    for i in range(60):  # other requests: two drafts accepted, never the third (the shared rates fall)
+        pol.observe_step([(f"o{i}", False, 3, 2)])
+    kept = [pol.decide(rows).k_next for _ in range(P.REF_STEPS)]
+    assert kept[:P.REF_STEPS - 1] == [3] * (P.REF_STEPS - 1) and kept[-1] < 3
+
+
 def test_k_next_pays_for_the_draft_passes(tmp_path):
     """The proposer's draft passes cost time: expensive ones shorten (or stop) the next proposal."""
     base = {"fixed": 1e-3, "tokens": 1e-4, "expert_layers": 0.0, "kv_slots": 0.0}
