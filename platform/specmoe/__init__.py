@@ -4,5 +4,9 @@
 The core package imports nothing heavy: torch, transformers and plugins load on first use.
 """
 
+from specmoe.utils.deprecation import install_aliases as _install_aliases
+
 __version__ = "0.1.0"
 __all__ = ["__version__"]
+
+_install_aliases()  # the deprecated paths of moved modules (specmoe.utils.deprecation.MOVED); imports nothing

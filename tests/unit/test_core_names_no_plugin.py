@@ -28,9 +28,9 @@ KIND_WORDS = {"target", "drafter", "selector", "predictor", "verifier", "dataset
 
 #: file (relative to platform/specmoe) -> plugin names still quoted there. Each line says why and what removes it.
 PENDING: dict[str, set[str]] = {
-    # deprecated aliases (removed in 0.3.0): their __all__ names the moved function, which the stage is named after
-    "traces/collect.py": {"collect_traces"},
-    "traces/token_table.py": {"build_token_table"},
+    # deprecated aliases (removed in 0.3.0): MOVED's names of specmoe.traces.collect / .token_table are the moved
+    # functions, which the stages are named after
+    "utils/deprecation.py": {"collect_traces", "build_token_table"},
 }
 
 

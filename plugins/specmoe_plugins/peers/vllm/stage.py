@@ -136,7 +136,7 @@ class VllmPeer(Stage):
         return json.loads((out_dir / f"{tag}.json").read_text())
 
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
-        from specmoe.peer import export
+        from specmoe_plugins.peers.vllm import export
 
         cfg = self.config
         py = self._check()
