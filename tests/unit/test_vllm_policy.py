@@ -457,3 +457,24 @@ def test_online_cost_learns_a_term_the_file_left_at_zero():
         oc.observe(x, P.CostTerms(truth).seconds(x))
     oc.refit()
     assert oc.current.coef["expert_layers"] == pytest.approx(3e-5, rel=0.1)
+
+
+# ------------------------------------------------------------------------------------------ the step log
+def test_step_lines_are_the_json_of_the_step():
+    """The scheduler's log line (joined by hand, ids encoded once) reads back as ``json`` writes the step, for ids
+    that need escaping and for rates that are not finite."""
+    from specmoe_vllm.steplog import StepLine
+
+    enc = StepLine()
+    ids = ["0-a22911c5", 'q"uote', "back\\slash", "ünï", "tab\there"]
+    for step, rate in enumerate([0.0, 304.70720088, float("inf"), 1e-300]):
+        held = {r: i for i, r in enumerate(ids)}
+        k = {r: max(0, i - 1) for i, r in enumerate(ids)}
+        sched = {r: v for r, v in k.items() if v}
+        line = enc.line(step, held, k, sched, 3, rate, 83.4)
+        assert line.endswith("\n")
+        want = {"step": step, "held": held, "k": k, "scheduled": sched, "k_next": 3,
+                "rate": rate if rate != float("inf") else None, "ar_rate": 83.4}
+        assert json.loads(line) == want
+    enc.forget(ids[1])
+    assert ids[1] not in enc._ids and json.loads(enc.line(9, {}, {}, {}, 0, 1.0, 1.0))["held"] == {}

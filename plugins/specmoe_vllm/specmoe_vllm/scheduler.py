@@ -39,6 +39,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from specmoe_vllm.drafter import skipping_wanted
 from specmoe_vllm.policy import GoodputPolicy, PolicyFileError, Row, load_policy
+from specmoe_vllm.steplog import StepLine
 
 __all__ = ["SpecMoEScheduler", "options_from", "OPTIONS"]
 
@@ -83,6 +84,7 @@ class SpecMoEScheduler(Scheduler):
                                                                                                    True)),
                                             online=bool(opts.get("online", True)), plain_steps=plain)
         self._log = open(opts["log"], "a") if opts.get("log") else None
+        self._line = StepLine()
         self._clock = time.process_time if opts.get("clock") == "process" else time.perf_counter
         self._pending: dict[str, Any] | None = None  # the last step's decision, until its time is known
         self._quiet: list[int] | None = None  # the open run of quiet steps in the log: [first step, steps]
@@ -140,9 +142,8 @@ class SpecMoEScheduler(Scheduler):
                 else:
                     self._write_quiet()
                     sched = {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()}
-                    self._log.write(json.dumps({"step": self._step, "held": held, "k": decision.k,
-                                                "scheduled": sched, "k_next": decision.k_next,
-                                                "rate": decision.rate, "ar_rate": decision.ar_rate}) + "\n")
+                    self._log.write(self._line.line(self._step, held, decision.k, sched, decision.k_next,
+                                                    decision.rate, decision.ar_rate))
         self._step += 1
         return out
 
@@ -169,6 +170,7 @@ class SpecMoEScheduler(Scheduler):
         self.specmoe_policy.observe_step(results)
         for req_id in scheduler_output.finished_req_ids:
             self.specmoe_policy.finished(req_id)
+            self._line.forget(req_id)
         if self._log is not None and not self.running and not self.waiting:
             self._write_quiet()
             self._log.flush()  # idle: the log is complete up to here (not flushed per step: a write per step)
