@@ -196,7 +196,7 @@ def test_fit_follows_the_concave_step_cost_across_batch_sizes(tmp_path):
     assert pol_t.cost.current.seconds(x, False) == pytest.approx(41.59e-3, rel=0.15)
 
 
-def test_one_batch_size_fits_drafts_not_tokens():
+def test_one_batch_size_fits_drafts_not_tokens(tmp_path):
     """At one batch size the verified tokens and the drafts are collinear: the fit prices a verified draft through
     its draft pass and leaves ``rows`` and ``tokens`` at 0 instead of splitting them arbitrarily, so cutting a held
     draft saves nothing the policy believes (its pass is paid), and a proposal still pays the whole."""
@@ -205,5 +205,8 @@ def test_one_batch_size_fits_drafts_not_tokens():
         r["cells"] = r["cells"][:1]
     cost, _ = export.fit_vllm_steps(run, {}, None)
     assert cost["rows"] == 0 and cost["tokens"] == 0 and cost["draft_steps"] > 0
+    # the expected union of 1 + n tokens is a function of n alone here: no expert term (it took the drafts' cost)
+    with_table, token_only = export.fit_vllm_steps(run, {}, export.read_token_table(_table_32x4(tmp_path)))
+    assert with_table["expert_layers"] == 0 and with_table["draft_steps"] > 0 and token_only is None
     for n, m in enumerate(_MEASURED_MS[1]):
         assert _predict(cost, None, 1, n) == pytest.approx(m * 1e-3, rel=0.15)

@@ -184,7 +184,11 @@ def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict
     policy's choice of how many *held* drafts to verify sees no saving in cutting a draft whose pass was paid (with
     ``tokens`` absorbing the draft passes instead, a batch-1 calibration of vLLM on a Zen 4 gave 0.99 ms per
     verified token and none per draft pass, and the plugin cut held chains in 16 % of its steps, where the
-    chain of 5 verifies every draft and was faster). ``prior``'s other terms (``kv_slots``) are kept.
+    chain of 5 verifies every draft and was faster). So is ``expert_layers`` at one batch size: the expected union
+    of 1 + n tokens is a function of n alone there, and took the draft passes' cost the same way (0.19 ms per
+    expert-layer, none per draft pass: the plugin cut held chains in 25 % of its steps); the expert term then needs
+    runs at two batch sizes (or specmoe's own calibration, ``--cost-model``). ``prior``'s other terms
+    (``kv_slots``) are kept.
 
     Returns ``(cost, cost_tokens)``: ``cost_tokens`` is the same fit without the expert term, the token-only
     variant's cost (None without a table, where ``cost`` is already token-only). A step's cost is concave in its
@@ -215,7 +219,7 @@ def fit_vllm_steps(run_out: dict[str, Any], prior: dict[str, float], table: dict
         out.update({names[c]: float(v) for c, v in zip(cols, coef)})
         return out
 
-    if table:
+    if table and len(set(x[:, 1])) > 1:
         return fit(keep + [5]), fit(keep)
     return fit(keep), None
 
