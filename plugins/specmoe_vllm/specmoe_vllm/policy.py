@@ -673,8 +673,7 @@ class GoodputPolicy:
         (the tokens this step samples): their union is the expected one of as many unknown tokens, not the union of
         this step's roots (8 rows' first decode step often holds one token eight times: its union priced the floor
         at ~0.7x its measured cost, vLLM on a Zen 4, and every batch took its first 8 steps plain)."""
-        lo = min(least, self.K)
-        rates = dict(zip(range(lo, self.K + 1), self._plan_rates(rows, least, pooled=False)))
+        rates = self._plan_rates(rows, least, pooled=False)
         best = max(rates, key=lambda kn: (rates[kn], -kn))  # the shortest of equal rates
         if best > 0 and self.spec.tolerance > 0:
             ref = self._reference(rows, least)
@@ -691,13 +690,13 @@ class GoodputPolicy:
         hit = self._ref_memo.get(key)
         if hit is not None and self._steps - hit[0] < REF_STEPS:
             return hit[1]
-        pooled = dict(zip(range(min(least, self.K), self.K + 1), self._plan_rates(rows, least, pooled=True)))
+        pooled = self._plan_rates(rows, least, pooled=True)
         ref = max(pooled, key=lambda kn: (pooled[kn], -kn))
         self._ref_memo[key] = (self._steps, ref)
         return ref
 
-    def _plan_rates(self, rows: Sequence[Row], least: int, pooled: bool) -> list[float]:
-        """The expected rate of each proposal length ``K_next`` in ``min(least, K)..K`` (plain decoding's with the
+    def _plan_rates(self, rows: Sequence[Row], least: int, pooled: bool) -> dict[int, float]:
+        """Proposal length ``K_next`` in ``min(least, K)..K`` -> its expected rate (plain decoding's with the
         tolerance)."""
         _, tokens, kv, num, smp = self._base(rows, with_union=False)
         chains = self._chains(rows, self.K, pooled)
@@ -711,7 +710,7 @@ class GoodputPolicy:
         t_base = self._seconds(len(rows), tokens, grow[0], kv, 0, 0.0, smp)
         coef = self.cost.current.coef
         c_draft, c_spec = coef.get("draft_steps", 0.0), coef.get("spec_pass", 0.0)
-        rates = []
+        rates = {}
         for kn in range(min(least, self.K), self.K + 1):
             t = t_base + c_draft * kn + c_spec * self._spec(kn > 0)
             rate = num / t * (1 + self.spec.tolerance) if kn == 0 else -1.0
@@ -724,7 +723,7 @@ class GoodputPolicy:
                 t += c_smp if is_sampled else 0.0
                 r = got / (t + c_tok * n + c_exp * (grow[n] - grow[0] if c_exp > 0 else 0.0))
                 rate = max(rate, r)
-            rates.append(rate)
+            rates[kn] = rate
         return rates
 
     # -------------------------------------------------------------- the step
