@@ -25,8 +25,9 @@ The choice is a greedy path: from all-zero (plain decoding, the AR floor) it add
 of the request whose addition gives the highest rate, up to every draft, and keeps the prefix of that path with
 the highest rate; speculation is kept only where it beats the all-zero rate by the tolerance. The same tolerance
 is a guard band between speculative choices: a shorter choice than every proposed draft (what a fixed
-configuration verifies), and a ``K_next`` other than the best fixed length for the shared rates, must beat it by
-the tolerance too (gains under it are within the models' error; switching for them cost more than it won).
+configuration verifies) must beat it by the tolerance too (gains under it are within the models' error; switching
+for them cost more than it won). ``K_next`` is the best fixed length for the shared rates whenever speculating
+beats the floor for the batch's requests (:meth:`GoodputPolicy._plan`).
 
 On the floor nothing is drafted, so nothing is learned: one unlucky step (a rejected first draft lowers that
 request's factor) could keep a request on the floor for good. So after ``PROBE_FIRST`` consecutive floor steps
@@ -661,26 +662,28 @@ class GoodputPolicy:
         return choice, (rate if any(choice.values()) else ar_rate), ar_rate, shape
 
     def _plan(self, rows: Sequence[Row], least: int = 0) -> int:
-        """K_next (at least ``least``): the draft length whose joint plan with unknown drafts has the best rate
-        (draft cost included), with a guard band: the best *fixed* proposal (the best length for the shared
-        acceptance rates, without the requests' factors) stays unless another speculative length is expected to
-        beat it by the tolerance. At batch 1, T = 0 on the demo's draft, the fifth draft's expected gain sits
-        within ~1 % of its cost, so a request's factor a little under 1 flipped the choice in ~40 % of steps for a
-        gain smaller than the models' error (vLLM on a Zen 4: 0.95x of the chain of five).
+        """K_next (at least ``least``): the best *fixed* proposal length for a batch of this kind (the best length
+        for the shared acceptance rates, :meth:`_reference`) whenever it is expected to beat plain decoding for
+        these requests (their own factors applied); else the best length for their factors (0: the floor).
+
+        The requests' factors decide *whether* to speculate, not how far: vLLM proposes one length for the whole
+        batch, and at batch 1, T = 0 on the demo's draft the fifth draft's expected gain sits within ~1 % of its
+        cost, so a request's factor a little under 1 cut the proposal to 3-4 drafts in 15 % of steps even with a
+        1 % guard band, and those cuts cost more steps than their draft passes saved (vLLM on a Zen 4, the same
+        process: +2.2 % steps, 0.967x of four copies of the chain of five).
 
         Unknown drafts all add the same expected experts, so the greedy path takes them by descending chain
         probability and its union depends only on how many were taken. The next step's roots are unknown too
         (the tokens this step samples): their union is the expected one of as many unknown tokens, not the union of
         this step's roots (8 rows' first decode step often holds one token eight times: its union priced the floor
         at ~0.7x its measured cost, vLLM on a Zen 4, and every batch took its first 8 steps plain)."""
+        ref = self._reference(rows, least)
+        if ref > 0:
+            rates = self._plan_rates(rows, least, pooled=False, lengths=(0, ref))
+            if rates[ref] > rates.get(0, -1.0):
+                return ref
         rates = self._plan_rates(rows, least, pooled=False)
-        best = max(rates, key=lambda kn: (rates[kn], -kn))  # the shortest of equal rates
-        if best > 0 and self.spec.tolerance > 0:
-            ref = self._reference(rows, least)
-            floor = rates.get(0, 0.0)
-            if ref > 0 and rates[ref] > floor and rates[best] <= rates[ref] * (1 + self.spec.tolerance):
-                best = ref
-        return best
+        return max(rates, key=lambda kn: (rates[kn], -kn))  # the shortest of equal rates
 
     def _reference(self, rows: Sequence[Row], least: int) -> int:
         """The best fixed proposal length for a batch of this kind (rows, sampled rows, ``least``): kept for
@@ -695,9 +698,10 @@ class GoodputPolicy:
         self._ref_memo[key] = (self._steps, ref)
         return ref
 
-    def _plan_rates(self, rows: Sequence[Row], least: int, pooled: bool) -> dict[int, float]:
-        """Proposal length ``K_next`` in ``min(least, K)..K`` -> its expected rate (plain decoding's with the
-        tolerance)."""
+    def _plan_rates(self, rows: Sequence[Row], least: int, pooled: bool, lengths: Iterable[int] | None = None
+                    ) -> dict[int, float]:
+        """Proposal length ``K_next`` in ``min(least, K)..K`` (only those of ``lengths`` where given) -> its
+        expected rate (plain decoding's with the tolerance)."""
         _, tokens, kv, num, smp = self._base(rows, with_union=False)
         chains = self._chains(rows, self.K, pooled)
         sampled = {r.req: r.sampled for r in rows}
@@ -711,7 +715,8 @@ class GoodputPolicy:
         coef = self.cost.current.coef
         c_draft, c_spec = coef.get("draft_steps", 0.0), coef.get("spec_pass", 0.0)
         rates = {}
-        for kn in range(min(least, self.K), self.K + 1):
+        span = range(min(least, self.K), self.K + 1)
+        for kn in (span if lengths is None else [kn for kn in lengths if kn in span]):
             t = t_base + c_draft * kn + c_spec * self._spec(kn > 0)
             rate = num / t * (1 + self.spec.tolerance) if kn == 0 else -1.0
             got, n = num, 0
