@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Aliases of moved modules: every name taken from the old place is the new place's object, with a warning.
 
-:data:`MOVED` lists every deprecated module path of the core; no file stands for one. :func:`install_aliases`
-(run once by ``specmoe/__init__.py``) puts a finder on :data:`sys.meta_path` that makes ``import <old>``, ``from
-<package> import <old>`` and ``importlib.util.find_spec(<old>)`` find a module whose names come from
-:func:`moved_names`. The new module stays a name until a name is first taken: the core imports no plugin.
+:data:`MOVED` lists every deprecated module path of the core whose *names* moved; :data:`MOVED_MODULES` those
+whose old path gives the new module *itself* (the draft-model internals of ``specmoe.drafting``, a package kept only
+as an alias, :data:`MOVED_PACKAGES`); no file stands for any of them. :func:`install_aliases` (run once by
+``specmoe/__init__.py``) puts a finder on :data:`sys.meta_path` that makes ``import <old>``, ``from <package> import
+<old>`` and ``importlib.util.find_spec(<old>)`` find them. A new module stays a name until it is first used: the
+core imports no plugin.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import warnings
 from types import ModuleType
 from typing import Any, Callable
 
-__all__ = ["moved_names", "REMOVED_IN", "MOVED", "install_aliases"]
+__all__ = ["moved_names", "REMOVED_IN", "MOVED", "MOVED_MODULES", "MOVED_PACKAGES", "install_aliases"]
 
 #: the release that drops the aliases (they are kept for one minor version)
 REMOVED_IN = "0.3.0"
@@ -133,35 +135,91 @@ MOVED: dict[str, tuple[str, list[str] | None, str | None]] = {
 }
 
 
+#: old module -> the drafter plugin's module that replaced it (until commit 634c421 ``specmoe.drafting`` held the
+#: EAGLE-3 / GTO / MTP internals): ``import <old>`` gives the new module itself, with a warning naming it
+MOVED_MODULES: dict[str, str] = {
+    "specmoe.drafting.eagle3_model": "specmoe_plugins.drafters.eagle3.model",
+    "specmoe.drafting.eagle3_io": "specmoe_plugins.drafters.eagle3.checkpoint",
+    "specmoe.drafting.eagle3_tree": "specmoe_plugins.drafters.eagle3.tree",
+    "specmoe.drafting.eagle3_ttt": "specmoe_plugins.drafters.eagle3.ttt",
+    "specmoe.drafting.vocab_map": "specmoe_plugins.drafters.eagle3.vocab_map",
+    "specmoe.drafting.gto": "specmoe_plugins.drafters.gto.objective",
+    "specmoe.drafting.mtp_io": "specmoe_plugins.drafters.mtp.checkpoint",
+    "specmoe.drafting.mtp_model": "specmoe_plugins.drafters.mtp.model",
+}
+#: old package kept only as an alias -> where its modules went (importing it warns; it exports no names)
+MOVED_PACKAGES: dict[str, str] = {"specmoe.drafting": "the drafter plugins' folders (specmoe_plugins.drafters.*)"}
+
+
+def _warn_at_importer(message: str) -> None:
+    """Warn as if from the line that imported the alias: the first frame outside this file and the import
+    machinery (how deep that is depends on the import form, so it is looked up, not counted)."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and (frame.f_code.co_filename == __file__
+                                        or "importlib" in frame.f_code.co_filename):
+        frame = frame.f_back
+    glob = frame.f_globals
+    warnings.warn_explicit(message, DeprecationWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=glob.get("__name__"), registry=glob.setdefault("__warningregistry__", {}))
+
+
 class _AliasLoader(importlib.abc.Loader):
-    """Fills a fresh module for an old name of :data:`MOVED` (the module machinery's default one)."""
+    """Fills a fresh module for an old name of :data:`MOVED` or :data:`MOVED_PACKAGES`, or puts the new module
+    itself in :data:`sys.modules` under an old name of :data:`MOVED_MODULES`."""
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
         return None
 
     def exec_module(self, module: ModuleType) -> None:
-        new, names, use = MOVED[module.__name__]
+        old = module.__name__
+        if old in MOVED_MODULES:
+            new_mod = MOVED_MODULES[old]
+            _warn_at_importer(f"'{old}' moved to '{new_mod}'; reuse the drafter through the registry "
+                              f"(specmoe.registry.drafters) or import '{new_mod}'; the alias will be removed in "
+                              f"specmoe {REMOVED_IN}")
+            # the import machinery returns whatever sys.modules holds under the name once this returns
+            sys.modules[old] = importlib.import_module(new_mod)
+            return
+        if old in MOVED_PACKAGES:
+            _warn_at_importer(f"'{old}' is deprecated: its modules moved into {MOVED_PACKAGES[old]} (see "
+                              f"specmoe.utils.deprecation.MOVED_MODULES); this alias will be removed in specmoe "
+                              f"{REMOVED_IN}")
+            module.__doc__ = f"Deprecated alias package: its modules moved into {MOVED_PACKAGES[old]}."
+            module.__all__ = []
+            module.MOVED = {k: v for k, v in MOVED_MODULES.items() if k.startswith(old + ".")}
+
+            def getattr_(name: str) -> Any:
+                if f"{old}.{name}" in MOVED_MODULES:
+                    return importlib.import_module(f"{old}.{name}")
+                raise AttributeError(f"module {old!r} has no attribute {name!r} (a deprecated alias package; "
+                                     f"its modules: {', '.join(sorted(module.MOVED))})")
+
+            module.__getattr__ = getattr_
+            return
+        new, names, use = MOVED[old]
         if names is None:
             names = importlib.import_module(new).__all__
         module.__doc__ = (f"Deprecated alias of ``{new}`` (kept through specmoe 0.2.x, removed in {REMOVED_IN}): "
                           f"every name taken from here is that module's object, with a DeprecationWarning; "
                           f"import it from ``{use or new}``.")
         module.__all__ = list(names)
-        module.__getattr__, module.__dir__ = moved_names(module.__name__, new, module.__all__, use=use)
+        module.__getattr__, module.__dir__ = moved_names(old, new, module.__all__, use=use)
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
-    """Finds exactly the old names of :data:`MOVED` (every other name is left to the other finders)."""
+    """Finds exactly the old names of the three tables (every other name is left to the other finders)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None
                   ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MOVED:
-            return None
-        return importlib.util.spec_from_loader(fullname, _AliasLoader())
+        if fullname in MOVED or fullname in MOVED_MODULES:
+            return importlib.util.spec_from_loader(fullname, _AliasLoader())
+        if fullname in MOVED_PACKAGES:
+            return importlib.util.spec_from_loader(fullname, _AliasLoader(), is_package=True)
+        return None
 
 
 def install_aliases() -> None:
-    """Put the finder of :data:`MOVED` on :data:`sys.meta_path`, once per process (also when this module is
+    """Put the finder of the alias tables on :data:`sys.meta_path`, once per process (also when this module is
     imported again, as by a test that clears :data:`sys.modules`)."""
     if not any(type(f).__name__ == _AliasFinder.__name__ and type(f).__module__ == __name__ for f in sys.meta_path):
         sys.meta_path.append(_AliasFinder())
