@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from specmoe.config.schema import Component, MethodConfig
+from specmoe.config.schema import MethodConfig
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.records import Generation
@@ -53,10 +53,6 @@ class Method:
                              f"no draft tree)")
 
     @property
-    def is_autoregressive(self) -> bool:
-        return self.engine is None
-
-    @property
     def adaptive(self) -> bool:
         """The selector prices its choice and learns online (an AdaptiveSelector)."""
         return self.engine is not None and self.engine.adaptive
@@ -82,9 +78,3 @@ class Method:
                                seed=settings.seed)
         return self.engine.generate(prompts, **settings.engine_kwargs())
 
-
-def component_signature(comp: Component | None, resolve_key: Callable[[Any], Any]) -> Any:
-    """A JSON-able identity of a component with stage references replaced by stage cache keys."""
-    if comp is None:
-        return None
-    return {"name": comp.name, "options": resolve_key(comp.options)}

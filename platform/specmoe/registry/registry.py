@@ -309,10 +309,6 @@ class Registry(Generic[T]):
                     continue
         return out
 
-    def suggest(self, name: str) -> str | None:
-        close = difflib.get_close_matches(normalize_name(name), self.names(), n=1, cutoff=0.5)
-        return close[0] if close else None
-
     def get(self, name: str) -> type[T]:
         """Return the plugin class for ``name`` (a registry key or ``"pkg.mod:Class"``), importing it now."""
         if ":" in name and normalize_name(name) not in self._entries:
