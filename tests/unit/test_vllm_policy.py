@@ -145,23 +145,50 @@ def test_a_request_on_the_floor_probes_and_speculates_again(tmp_path):
     assert pol.decide(rows).k == {"a": 3} and pol.wait == P.PROBE_FIRST
 
 
-def test_probes_back_off_where_the_floor_is_right(tmp_path):
-    """Drafts that are never accepted: the waits between probes double up to PROBE_MAX, so probing costs at most
-    one step in PROBE_MAX there; with PROBE_MAX steps or more between probes."""
+def _never_accepted(tmp_path, steps, on_floor=None):
+    """A request whose drafts are never accepted, decided ``steps`` times (a probe's drafts verified the step
+    after it; ``on_floor(policy, step)`` after each floor step): the steps that probed."""
     cost = {"fixed": 2.9e-3, "tokens": 2.9e-3, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 0.0,
             "spec_pass": 2.3e-3}
     pol = P.GoodputPolicy(_spec(tmp_path, cost=cost, prior=(0.05, 0.05, 0.05)), 3, online=False, plain_steps=True)
     plain, drafted = [P.Row("a", [], 10)], [P.Row("a", [20, 21, 22], 10)]
     probes = []
-    for s in range(3000):
+    for s in range(steps):
         d = pol.decide(drafted if probes and probes[-1] == s - 1 else plain)
         if any(d.k.values()):
             pol.observe_step([("a", False, d.k["a"], 0)])
         if d.k_next:
             probes.append(s)
+        elif not any(d.k.values()) and on_floor is not None:
+            on_floor(pol, s)
+    return probes
+
+
+def test_probes_back_off_where_the_floor_is_right(tmp_path):
+    """Drafts that are never accepted: the waits between probes double up to PROBE_MAX, so probing costs at most
+    one step in PROBE_MAX there; with PROBE_MAX steps or more between probes."""
+    probes = _never_accepted(tmp_path, 3000)
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[:3] == [2 * P.PROBE_FIRST + 1, 4 * P.PROBE_FIRST + 1, 8 * P.PROBE_FIRST + 1]
     assert gaps[-1] == P.PROBE_MAX + 1 and len(probes) < 3000 / P.PROBE_MAX + 8
+
+
+def test_floor_steps_hold_rows_only_for_requests_that_reach_the_next_probe(tmp_path):
+    """A floor step's rows are kept for the drafter only where some request of the step may still be decoding at
+    the next probe (the step that reads them): never once the back-off outlasts every request's remaining tokens,
+    always while a request's remaining tokens reach the probe, and on the step before the probe."""
+    to_probe = {}
+
+    def floor_step(pol, s):  # which requests' rows are kept, by the tokens they have left
+        to_probe[s] = [n for n in (1, 8, 100, 300) if pol.holds([n])]
+        assert pol.holds([1, 300]) == (300 in to_probe[s]) and not pol.holds([])
+
+    probes = _never_accepted(tmp_path, 2000, floor_step)
+    a, b = probes[-2], probes[-1]  # the last full back-off: PROBE_MAX floor steps between the probe's steps
+    assert b - a == P.PROBE_MAX + 1
+    for s in range(a + 2, b):
+        assert to_probe[s] == [n for n in (1, 8, 100, 300) if n >= b - s], (s, to_probe[s])
+    assert to_probe[b - 1] == [1, 8, 100, 300] and to_probe[a + 2] == [300]
 
 
 def test_floor_steps_between_probes_skip_the_plan(tmp_path, monkeypatch):

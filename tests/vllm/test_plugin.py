@@ -177,7 +177,8 @@ def test_steps_that_propose_nothing_skip_the_drafter(served):
     """The proposer of ``specmoe_vllm.drafter`` is vLLM's (put in place by the plugin's entry point); with the
     plugin's default it skips the drafter on steps that propose nothing (where drafts do not pay: the token-only
     variant at batch 4 and 8, the expert-aware one at T = 1), samples them without the rejection sampler and
-    replays the held rows when drafting resumes, dropping none; with ``skip_drafter: false`` every step runs the
+    replays the held rows when drafting resumes, dropping none (and holds nothing on floor steps no probe would
+    read, :meth:`GoodputPolicy.holds`); with ``skip_drafter: false`` every step runs the
     drafter as vLLM does. The outputs of both equal vLLM's without speculation (test above), so greedy cells with
     skipped steps are required here."""
     runs, _ = served
@@ -188,6 +189,8 @@ def test_steps_that_propose_nothing_skip_the_drafter(served):
     assert any(t == 0.0 and b > 1 for b, t in skipped), by
     assert sum(d["catch_up_rows"] for n in ("plugin", "plugin_tokens") for d in by[n].values()) > 0
     assert all(d["dropped_rows"] == 0 for n in ("plugin", "plugin_tokens") for d in by[n].values())
+    # once the probes' back-off outlasts the requests (16 tokens each), floor steps hold nothing
+    assert sum(d["unheld_steps"] for n in ("plugin", "plugin_tokens") for d in by[n].values()) > 0
     assert all(v == 0 for d in by["plugin_noskip"].values() for v in d.values())
 
 

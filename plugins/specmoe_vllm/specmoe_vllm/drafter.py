@@ -21,6 +21,11 @@ have written:
 * a step in which no request holds a draft takes vLLM's plain sampler (``spec_decode_metadata`` None), as without
   speculation.
 
+The scheduler says per step whether to hold (``SchedulerOutput.specmoe_hold``, the policy's
+:meth:`~specmoe_vllm.policy.GoodputPolicy.holds`): where the policy's next probe is further away than every
+request of the step can still decode, no step would read the rows; the step then holds nothing and drops what is
+held (``unheld_steps``).
+
 Lossless by construction: the target's verification decides every committed token; the drafter only proposes.
 Held rows that cannot be replayed (the request was recomputed after preemption, or the catch-up would not fit the
 drafter's token buffer, or a verifying step would need them) are dropped and counted (``dropped_rows``): the draft
@@ -179,7 +184,7 @@ def _make_class(base: type) -> type:
             self.specmoe_skip = bool(on and runner is not None and not self.needs_extra_input_slots)
             self.specmoe_held = _Held(self.max_num_tokens // 2)
             self._specmoe_views: dict[int, tuple[Any, Any]] = {}  # numpy views of vLLM's host buffers
-            self.specmoe_stats = {"skipped_steps": 0, "catch_up_rows": 0, "plain_steps": 0}
+            self.specmoe_stats = {"skipped_steps": 0, "catch_up_rows": 0, "plain_steps": 0, "unheld_steps": 0}
             self._specmoe_runner = runner
             if self.specmoe_skip:
                 _wrap_prepare_inputs(runner, self.specmoe_stats)
@@ -264,10 +269,17 @@ def _make_class(base: type) -> type:
         def specmoe_skip_step(self, scheduler_output: Any, hidden_states: Any, aux_hidden_states: Any,
                               cad: Any) -> Any:
             """The runner's side (:func:`_wrap_propose`): a step that verified nothing and proposes nothing is
-            held before vLLM prepares the drafter's inputs; None where it cannot be (vLLM's way then)."""
+            held before vLLM prepares the drafter's inputs (or, where the scheduler says no step will read its
+            rows, only skipped); None where it cannot be (vLLM's way then)."""
             runner = self._specmoe_runner
             if not self._specmoe_active(cad):
                 return None
+            if not getattr(scheduler_output, "specmoe_hold", True):  # no later step reads this step's rows
+                held = self.specmoe_held
+                for r in list(held.rows):
+                    held.drop(r, lost=False)
+                self.specmoe_stats["unheld_steps"] += 1
+                return [[] for _ in range(cad.batch_size())]
             hidden = list(aux_hidden_states) if runner.use_aux_hidden_state_outputs else hidden_states
             # vLLM's persistent buffers (the same tensors every step, whose numpy views are kept): its positions
             # (M-RoPE, their other form, is not enabled here) and the query starts cad's are the head of

@@ -131,6 +131,9 @@ class SpecMoEScheduler(Scheduler):
         out = super().schedule(*args, **kwargs)
         if decision is not None:
             out.num_spec_tokens_to_schedule = decision.k_next
+            # read by specmoe_vllm.drafter on a step that verifies and proposes nothing (an attribute of the
+            # instance: it travels with the output, in the same process or pickled)
+            out.specmoe_hold = self.specmoe_policy.holds(r.max_tokens - r.num_output_tokens for r in self.running)
             predicted = decision.seconds or self.specmoe_policy.cost.current.seconds(decision.shape, True)
             self._pending = {"t": now, "shape": decision.shape, "predicted": max(predicted, 1e-6),
                              "pure_decode": all(r.extra_tokens == 0 for r in rows),

@@ -77,7 +77,8 @@ Output (JSON object)::
                                 choice, or the two sequences differ), "budget_checked_steps", "per_request":
                                 {"drafted": vLLM's per-step drafts per prompt, "chosen": the policy's
                                 non-zero choices per prompt}, "drafter": {"skipped_steps", "plain_steps",
-                                "catch_up_rows", "dropped_rows"} (specmoe_vllm.drafter's counters; in-process
+                                "catch_up_rows", "dropped_rows", "unheld_steps"} (specmoe_vllm.drafter's
+                                counters; in-process
                                 engine only)}}, ...]
           # (the run's top-level outputs / seconds / counters are its first cell's)
         }, ...
