@@ -145,16 +145,21 @@ def test_a_request_on_the_floor_probes_and_speculates_again(tmp_path):
     assert pol.decide(rows).k == {"a": 3} and pol.wait == P.PROBE_FIRST
 
 
-def _never_accepted(tmp_path, steps, on_floor=None):
+def _never_accepted(tmp_path, steps, on_floor=None, unpriced=None):
     """A request whose drafts are never accepted, decided ``steps`` times (a probe's drafts verified the step
-    after it; ``on_floor(policy, step)`` after each floor step): the steps that probed."""
+    after it; ``on_floor(policy, step)`` after each floor step; with a list ``unpriced``, the steps the policy lets
+    go unpriced are appended to it and not decided): the steps that probed."""
     cost = {"fixed": 2.9e-3, "tokens": 2.9e-3, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 0.0,
             "spec_pass": 2.3e-3}
     pol = P.GoodputPolicy(_spec(tmp_path, cost=cost, prior=(0.05, 0.05, 0.05)), 3, online=False, plain_steps=True)
     plain, drafted = [P.Row("a", [], 10)], [P.Row("a", [20, 21, 22], 10)]
     probes = []
     for s in range(steps):
-        d = pol.decide(drafted if probes and probes[-1] == s - 1 else plain)
+        verify = bool(probes) and probes[-1] == s - 1
+        if unpriced is not None and not verify and pol.floor_step_unpriced():
+            unpriced.append(s)
+            continue
+        d = pol.decide(drafted if verify else plain)
         if any(d.k.values()):
             pol.observe_step([("a", False, d.k["a"], 0)])
         if d.k_next:
@@ -189,6 +194,15 @@ def test_floor_steps_hold_rows_only_for_requests_that_reach_the_next_probe(tmp_p
     for s in range(a + 2, b):
         assert to_probe[s] == [n for n in (1, 8, 100, 300) if n >= b - s], (s, to_probe[s])
     assert to_probe[b - 1] == [1, 8, 100, 300] and to_probe[a + 2] == [300]
+
+
+def test_unpriced_floor_steps_keep_the_probes_where_they_were(tmp_path):
+    """The scheduler may leave a floor step between probes unpriced (``floor_step_unpriced``): counted as
+    :meth:`decide`'s fast path counts it, so the probes come at the same steps; it refuses (counting nothing)
+    where a probe is due or pending, and the step then goes through ``decide``."""
+    unpriced = []
+    assert _never_accepted(tmp_path, 1500, unpriced=unpriced) == _never_accepted(tmp_path, 1500)
+    assert len(unpriced) > 1500 * 0.8
 
 
 def test_floor_steps_between_probes_skip_the_plan(tmp_path, monkeypatch):

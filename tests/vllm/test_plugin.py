@@ -191,6 +191,9 @@ def test_steps_that_propose_nothing_skip_the_drafter(served):
     assert all(d["dropped_rows"] == 0 for n in ("plugin", "plugin_tokens") for d in by[n].values())
     # once the probes' back-off outlasts the requests (16 tokens each), floor steps hold nothing
     assert sum(d["unheld_steps"] for n in ("plugin", "plugin_tokens") for d in by[n].values()) > 0
+    # and the scheduler leaves most of those unpriced (the same choice, the policy's counting kept: the budget
+    # test above checks every verifying step against the policy's log)
+    assert sum(d["unpriced_steps"] for n in ("plugin", "plugin_tokens") for d in by[n].values()) > 0
     assert all(v == 0 for d in by["plugin_noskip"].values() for v in d.values())
 
 

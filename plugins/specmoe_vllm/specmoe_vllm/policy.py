@@ -780,6 +780,16 @@ class GoodputPolicy:
         rate = num / t if t > 0 else 0.0
         return Decision({r.req: 0 for r in rows}, 0, rate, rate, shape, t)
 
+    def floor_step_unpriced(self) -> bool:
+        """A floor step that the caller does not price, where :meth:`decide` would take its floor fast path (between
+        probes, none pending): counted as that path counts it, so the probes come when they would. False (and
+        nothing counted) elsewhere: the step must then go through :meth:`decide`."""
+        if not (0 < self.floor_run < self.wait - 1) or self.probing:
+            return False
+        self.floor_run += 1
+        self._steps += 1
+        return True
+
     def holds(self, remaining: Iterable[int]) -> bool:
         """After :meth:`decide`, for a step that verifies and proposes nothing: whether the drafter should keep
         the step's rows (:mod:`specmoe_vllm.drafter`) for the next step that drafts. ``remaining``: per request of

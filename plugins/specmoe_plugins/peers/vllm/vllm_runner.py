@@ -77,8 +77,9 @@ Output (JSON object)::
                                 choice, or the two sequences differ), "budget_checked_steps", "per_request":
                                 {"drafted": vLLM's per-step drafts per prompt, "chosen": the policy's
                                 non-zero choices per prompt}, "drafter": {"skipped_steps", "plain_steps",
-                                "catch_up_rows", "dropped_rows", "unheld_steps"} (specmoe_vllm.drafter's
-                                counters; in-process
+                                "catch_up_rows", "dropped_rows", "unheld_steps",
+                                "unpriced_steps"} (specmoe_vllm.drafter's counters, the scheduler's floor
+                                steps left unpriced; in-process
                                 engine only)}}, ...]
           # (the run's top-level outputs / seconds / counters are its first cell's)
         }, ...
@@ -199,7 +200,9 @@ def _drafter_counters(llm) -> dict | None:
     stats = getattr(d, "specmoe_stats", None)
     if stats is None:
         return None
-    return {**stats, "dropped_rows": d.specmoe_held.dropped}
+    sched = getattr(getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None), "scheduler", None)
+    return {**stats, "dropped_rows": d.specmoe_held.dropped,
+            "unpriced_steps": getattr(sched, "specmoe_unpriced_steps", None)}
 
 
 def _read_log(path: str) -> list[dict]:
