@@ -172,3 +172,26 @@ def test_the_runners_budget_check_reads_runs_of_quiet_steps():
     assert (ok["steps"], ok["k_next_hist"], ok["k_hist"]) == (11, {"0": 10, "3": 1}, {"2": 1, "3": 1})
     assert (ok["budget_violations"], ok["budget_checked_steps"], ok["steps_capped"]) == (0, 2, 1)
     assert runner._budget(log, [result([3, 3])])["budget_violations"] == 1  # verified more than chosen
+
+
+def test_rows_of_cells_without_a_batch_1_greedy_reference_are_compared():
+    """``--engines vllm --batches 8 --temperatures 0``: no ``vllm/no_spec`` (batch 1, T = 0) and no specmoe AR row.
+    Each greedy row is compared with its own cell's no-speculation outputs, the plugin with the cell's fixed
+    configurations (a whole grid's passes once ended in a KeyError here, after the measurements)."""
+    def row(outputs, tok_s, **kw):
+        return {"batch": 8, "temperature": 0.0, "outputs": outputs, "tok_s": tok_s,
+                "tok_s_batches_passes": [[tok_s, tok_s + 1.0]] * 2, **kw}
+
+    same, other = [[5, 6, 7], [8, 9]], [[5, 6, 1], [8, 9]]
+    best = {"vllm/no_spec/b8_T0": row(same, 100.0), "vllm/eagle3_chain4/b8_T0": row(same, 120.0),
+            "vllm/plugin/b8_T0": row(other, 118.0, plugin={"budget_violations": 0})}
+    assert peer.compare_rows(best, eos={2}) is None
+    assert best["vllm/eagle3_chain4/b8_T0"]["agreement"] == 1.0
+    assert best["vllm/plugin/b8_T0"]["agreement"] == 0.5 == best["vllm/plugin/b8_T0"]["agreement_own"]
+    assert best["vllm/plugin/b8_T0"]["vs_best_fixed"] == 118.0 / 120.0
+    assert best["vllm/plugin/b8_T0"]["vs_best_fixed_xfit"]["n"] == 4
+    # with a batch-1 greedy reference, it is named and cells without their own no-speculation row use it
+    best = {"vllm/no_spec": {**row(same, 50.0), "batch": 1}, "vllm/eagle3_chain4/b8_T0": row(other, 120.0)}
+    assert peer.compare_rows(best, eos={2}) == "vllm/no_spec"
+    assert best["vllm/eagle3_chain4/b8_T0"]["agreement"] == 0.5 and best["vllm/eagle3_chain4/b8_T0"][
+        "agreement_own"] is None

@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["add_arguments", "run", "measure", "agreement", "check_draft"]
+__all__ = ["add_arguments", "run", "measure", "compare_rows", "agreement", "check_draft"]
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 DEFAULT_TREES = "tree4=4/3/2,tree5=5/4/2,tree4w1=4/3/2/1,tree5w1=5/4/2/1,tree6w1=6/5/2/1"
@@ -510,6 +510,49 @@ def cross_fitted_vs_fixed(plugin: list[list[float]], fixed: dict[str, list[list[
     return {"value": iv.value, "lo": iv.lo, "hi": iv.hi, "n": iv.n}
 
 
+def compare_rows(best: dict[str, dict[str, Any]], eos: set[int]) -> str | None:
+    """Fills each row of ``best`` (name -> the fastest pass's row) with its comparisons: output agreement at T = 0
+    with its cell's vLLM no-speculation row (else the batch-1 greedy reference: vLLM's, else specmoe's AR; none when
+    neither ran), with its own engine's no-speculation row, its share of the cell's fastest vLLM row, and for a
+    plugin row its ratio to the best fixed configuration (cross-fitted, in-sample, by CPU time). Returns the
+    batch-1 greedy reference's name (None when neither ran)."""
+    ref_name = next((n for n in ("vllm/no_spec", "specmoe/ar") if n in best), None)
+    for row in best.values():
+        row.setdefault("batch", 1)
+        row.setdefault("temperature", 0.0)
+    cell_best: dict[tuple[int, float], float] = {}
+    fixed_best: dict[tuple[int, float], float] = {}
+    fixed_best_cpu: dict[tuple[int, float], float] = {}
+    for name, row in best.items():
+        if name.startswith("vllm/"):
+            c = (row["batch"], row["temperature"])
+            cell_best[c] = max(cell_best.get(c, 0.0), row["tok_s"])
+            if "plugin" not in row:
+                fixed_best[c] = max(fixed_best.get(c, 0.0), row["tok_s"])
+                fixed_best_cpu[c] = max(fixed_best_cpu.get(c, 0.0), row.get("tok_s_cpu") or 0.0)
+    for name, row in best.items():
+        c = (row["batch"], row["temperature"])
+        sfx = _suffix(*c)
+        if row["temperature"] > 0:  # sampled outputs differ run to run by design
+            row["agreement"] = row["agreement_own"] = None
+        else:
+            ref = best.get(f"vllm/no_spec{sfx}") or (best[ref_name] if ref_name else None)
+            row["agreement"] = agreement(row["outputs"], ref["outputs"], eos) if ref else None
+            own = f"vllm/no_spec{sfx}" if name.startswith("vllm/") else "specmoe/ar"
+            row["agreement_own"] = agreement(row["outputs"], best[own]["outputs"], eos) if own in best else None
+        row["vs_vllm_best"] = row["tok_s"] / cell_best[c] if cell_best.get(c) else None
+        if "plugin" in row:
+            fixed = {n: best[n]["tok_s_batches_passes"] for n in best if n.startswith("vllm/")
+                     and "plugin" not in best[n] and (best[n]["batch"], best[n]["temperature"]) == c}
+            plain = best.get(f"vllm/no_spec{sfx}")
+            row["vs_best_fixed_xfit"] = cross_fitted_vs_fixed(row["tok_s_batches_passes"], fixed,
+                                                              plain["tok_s_batches_passes"]) if plain else None
+            row["vs_best_fixed"] = row["tok_s"] / fixed_best[c] if fixed_best.get(c) else None
+            row["vs_best_fixed_cpu"] = (row["tok_s_cpu"] / fixed_best_cpu[c]
+                                        if fixed_best_cpu.get(c) and row.get("tok_s_cpu") else None)
+    return ref_name
+
+
 def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Every row of the module docstring: per method gamma, tok_s (best pass), tok_s_passes, tokens_per_step,
     acceptance_by_position, agreement (with vLLM's no-speculation outputs; with specmoe's ar without vLLM),
@@ -540,41 +583,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
                 _keep_faster(best, rows, k)
             if "specmoe" in engines:
                 _keep_faster(best, run_specmoe(target, args, prompts), k)
-    eos = {int(t) for t in target.eos_token_ids}
-    ref_name = "vllm/no_spec" if "vllm/no_spec" in best else "specmoe/ar"
-    for row in best.values():
-        row.setdefault("batch", 1)
-        row.setdefault("temperature", 0.0)
-    cell_best: dict[tuple[int, float], float] = {}
-    fixed_best: dict[tuple[int, float], float] = {}
-    fixed_best_cpu: dict[tuple[int, float], float] = {}
-    for name, row in best.items():
-        if name.startswith("vllm/"):
-            c = (row["batch"], row["temperature"])
-            cell_best[c] = max(cell_best.get(c, 0.0), row["tok_s"])
-            if "plugin" not in row:
-                fixed_best[c] = max(fixed_best.get(c, 0.0), row["tok_s"])
-                fixed_best_cpu[c] = max(fixed_best_cpu.get(c, 0.0), row.get("tok_s_cpu") or 0.0)
-    for name, row in best.items():
-        c = (row["batch"], row["temperature"])
-        sfx = _suffix(*c)
-        if row["temperature"] > 0:  # sampled outputs differ run to run by design
-            row["agreement"] = row["agreement_own"] = None
-        else:
-            ref = best.get(f"vllm/no_spec{sfx}", best[ref_name])["outputs"]
-            row["agreement"] = agreement(row["outputs"], ref, eos)
-            own = f"vllm/no_spec{sfx}" if name.startswith("vllm/") else "specmoe/ar"
-            row["agreement_own"] = agreement(row["outputs"], best[own]["outputs"], eos) if own in best else None
-        row["vs_vllm_best"] = row["tok_s"] / cell_best[c] if cell_best.get(c) else None
-        if "plugin" in row:
-            fixed = {n: best[n]["tok_s_batches_passes"] for n in best if n.startswith("vllm/")
-                     and "plugin" not in best[n] and (best[n]["batch"], best[n]["temperature"]) == c}
-            plain = best.get(f"vllm/no_spec{sfx}")
-            row["vs_best_fixed_xfit"] = cross_fitted_vs_fixed(row["tok_s_batches_passes"], fixed,
-                                                              plain["tok_s_batches_passes"]) if plain else None
-            row["vs_best_fixed"] = row["tok_s"] / fixed_best[c] if fixed_best.get(c) else None
-            row["vs_best_fixed_cpu"] = (row["tok_s_cpu"] / fixed_best_cpu[c]
-                                        if fixed_best_cpu.get(c) and row.get("tok_s_cpu") else None)
+    ref_name = compare_rows(best, {int(t) for t in target.eos_token_ids})
     order = sorted(best, key=lambda n: (best[n]["temperature"], best[n]["batch"], best[n]["gamma"],
                                         not n.startswith("vllm/"), n))
     return {"rows": {n: best[n] for n in order}, "agreement_reference": ref_name, "prompts": len(prompts),
@@ -631,8 +640,10 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
                          f"  budget "
                          f"{p['budget_checked_steps']} / {p['budget_violations']}  k {p['k_hist']}  k_next "
                          f"{p['k_next_hist']}")
-    lines.append(f"agree: share of prompts with output identical to {r['agreement_reference']}'s; own: to the "
-                 f"same engine's no-speculation output (vllm/no_spec, specmoe/ar)")
+    ref = r["agreement_reference"]
+    lines.append("agree (greedy cells): share of prompts with output identical to the cell's vLLM no-speculation "
+                 "output" + (f" (where the cell has none: {ref}'s)" if ref else "") + "; own: to the same engine's "
+                 "no-speculation output (vllm/no_spec, specmoe/ar)")
     return "\n".join(lines)
 
 
