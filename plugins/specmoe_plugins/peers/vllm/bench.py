@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["add_arguments", "run", "measure", "compare_rows", "agreement", "check_draft"]
+__all__ = ["add_arguments", "run", "measure", "agreement", "check_draft"]
 
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 DEFAULT_TREES = "tree4=4/3/2,tree5=5/4/2,tree4w1=4/3/2/1,tree5w1=5/4/2/1,tree6w1=6/5/2/1"
