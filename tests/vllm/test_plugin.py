@@ -196,8 +196,8 @@ def test_steps_that_propose_nothing_skip_the_drafter(served):
     # test above checks every verifying step against the policy's log)
     assert sum(d["unpriced_steps"] for n in ("plugin", "plugin_tokens") for d in by[n].values()) > 0
     # without skip_drafter the drafter's own counters stay at zero; the scheduler's unpriced floor steps are not the
-    # drafter's and may come there too (a floor step whose requests hold no drafts: at T = 1 where the sampled
-    # acceptance sends the policy to its floor, or where this CPU's rounding changes a greedy draft)
+    # drafter's and may come there too (floor steps whose requests hold no drafts: none on a Zen 4 here, some on
+    # CI's machine, which the policy's path allows with the drafter on or off)
     assert all(v == 0 for d in by["plugin_noskip"].values() for k, v in d.items() if k != "unpriced_steps"), \
         by["plugin_noskip"]
 
