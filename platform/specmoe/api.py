@@ -11,12 +11,16 @@ import logging
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from specmoe.config.load import load_recipe
 from specmoe.config.schema import RunConfig
 from specmoe.config.validate import to_plain
 from specmoe.errors import RunFailure, UserError
+
+if TYPE_CHECKING:
+    from specmoe.stages.runner import StageRunner
+    from specmoe.tracking.client import NullTracker, RunHandle, Tracker
 
 __all__ = ["run_recipe", "run", "RunResult"]
 
@@ -50,7 +54,7 @@ def run_recipe(path: str | Path, overrides: Sequence[str] = ()) -> RunResult:
     return run(load_recipe(path, overrides))
 
 
-def _tracker(cfg: RunConfig) -> Any:
+def _tracker(cfg: RunConfig) -> Tracker | NullTracker:
     from specmoe.tracking.client import NullTracker, Tracker
 
     if not cfg.tracking.enabled:
@@ -144,8 +148,8 @@ def _write_log(run_dir: Path, exc: BaseException) -> Path:
                                                                                 exc.__traceback__)))
 
 
-def _tracked(cfg: RunConfig, tracker: Any, stages: Any, samples: dict, run_dir: Path, resolved: dict,
-             recipe_hash: str, data_dir: Path | None) -> RunResult:
+def _tracked(cfg: RunConfig, tracker: Tracker | NullTracker, stages: StageRunner, samples: dict, run_dir: Path,
+             resolved: dict, recipe_hash: str, data_dir: Path | None) -> RunResult:
     from specmoe.interfaces.stage import StageContext
     from specmoe.tracking.environment import env_params, plugin_params
     from specmoe.tracking.schema import PARENT_KIND, RECIPE_HASH_TAG, flatten_params
@@ -185,7 +189,8 @@ def _tracked(cfg: RunConfig, tracker: Any, stages: Any, samples: dict, run_dir: 
     return result
 
 
-def _evaluate(cfg: RunConfig, stages: Any, samples: dict, run_dir: Path, tracker: Any, parent: Any):
+def _evaluate(cfg: RunConfig, stages: StageRunner, samples: dict, run_dir: Path, tracker: Tracker | NullTracker,
+              parent: RunHandle):
     from specmoe.data.render import render_turn
     from specmoe.evaluation.report import build_report_tables, log_cell, log_summary, write_results
     from specmoe.evaluation.runner import Evaluator

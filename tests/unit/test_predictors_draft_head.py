@@ -55,8 +55,8 @@ def trained(qwen3_traces, tmp_path_factory):
 
 
 def test_stage_outputs_and_learning(qwen3_traces, trained, target):
-    from specmoe.traces.evaluate import evaluate_predictor
     from specmoe.traces.format import TraceReader
+    from specmoe.training.trace_eval import evaluate_predictor
 
     out, summary = trained
     assert summary["global_step"] > 0 and len(summary["val_acc_per_depth"]) == 2

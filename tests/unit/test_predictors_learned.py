@@ -247,8 +247,8 @@ def test_build_token_table_stage_reports_heldout_accuracy(traces, tmp_path):
 
 
 def test_evaluate_predictor_through_interface_matches_lookup(target, traces, tmp_path):
-    from specmoe.traces.evaluate import evaluate_lookup, evaluate_predictor
     from specmoe.traces.format import TraceReader
+    from specmoe.training.trace_eval import evaluate_lookup, evaluate_predictor
     from specmoe_plugins.predictors.token_table.table import TokenTable, build_token_table
 
     reader = TraceReader(traces)
@@ -258,3 +258,19 @@ def test_evaluate_predictor_through_interface_matches_lookup(target, traces, tmp
     via_tree = evaluate_predictor(pred, reader, "test", chunk=5)
     direct = evaluate_lookup(TokenTable.load(tmp_path).lookup, reader, "test")
     assert via_tree["acc"] == pytest.approx(direct["acc"]) and via_tree["tokens"] == reader.num_tokens("test")
+
+
+def test_old_traces_evaluate_module_gives_the_moved_names_with_a_warning():
+    """``specmoe.traces.evaluate`` moved to ``specmoe.training.trace_eval`` (no traces <-> training loop): the old
+    path keeps every name, with a warning naming the new place, until 0.3.0."""
+    import importlib
+
+    from specmoe.training import trace_eval
+
+    old = importlib.import_module("specmoe.traces.evaluate")
+    assert sorted(dir(old)) == sorted(trace_eval.__all__)
+    for name in trace_eval.__all__:
+        with pytest.warns(DeprecationWarning, match=rf"specmoe.training.trace_eval.{name}.*removed in specmoe 0.3.0"):
+            assert getattr(old, name) is getattr(trace_eval, name)
+    with pytest.raises(AttributeError, match="deprecated alias"):
+        old.not_a_name  # noqa: B018

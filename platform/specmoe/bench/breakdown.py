@@ -13,9 +13,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.target import Target
 
 __all__ = ["verify_breakdown"]
 
@@ -58,7 +61,7 @@ def _hook(modules: list[torch.nn.Module], timer: _Timer, part: str) -> list:
     return handles
 
 
-def verify_breakdown(target: Any, *, context: int, tokens: int, repeats: int = 10,
+def verify_breakdown(target: Target, *, context: int, tokens: int, repeats: int = 10,
                      clock: Callable[[], float] = time.perf_counter, seed: int = 2) -> dict[str, Any]:
     """Mean milliseconds per verification pass (``tokens`` new tokens in a chain over ``context`` cached ones)
     of every part, with the bytes each part read and its bandwidth."""

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.drafter import Drafter
+    from specmoe.interfaces.target import Target
 
 __all__ = ["bench_drafter", "can_share_target"]
 
 
-def bench_drafter(target: Any, args: argparse.Namespace) -> Any:
+def bench_drafter(target: Target, args: argparse.Namespace) -> Drafter:
     """``args.drafter`` set up on ``target``: from ``args.drafter_path`` when given, else drafting with the target
     itself where the drafter has a ``share_target`` option, else untrained (seed 0)."""
     from specmoe.registry import drafters

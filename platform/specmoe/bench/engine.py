@@ -24,7 +24,15 @@ import json
 import statistics
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    from specmoe.bench.opcount import OpCounts
+    from specmoe.decoding.engine import SpeculativeEngine
+    from specmoe.interfaces.drafter import Drafter
+    from specmoe.interfaces.predictor import Predictor
+    from specmoe.interfaces.target import Target
+    from specmoe.interfaces.verifier import Verifier
 
 __all__ = ["add_arguments", "run", "measure", "DEMO", "run_on_target"]
 
@@ -77,7 +85,7 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def _components(target: Any, args: argparse.Namespace):
+def _components(target: Target, args: argparse.Namespace):
     from specmoe.bench.drafters import bench_drafter
     from specmoe.registry import predictors, selectors
 
@@ -91,7 +99,7 @@ def _components(target: Any, args: argparse.Namespace):
     return drafter, sel, pred
 
 
-def _own_modules(obj: Any, target: Any) -> list:
+def _own_modules(obj: Drafter | Predictor | None, target: Target) -> list:
     """The torch modules a drafter / predictor holds (its network), not the target's."""
     import torch
 
@@ -108,7 +116,7 @@ def _own_modules(obj: Any, target: Any) -> list:
 class _Phases:
     """Wraps the engine's components so that op counts are attributed to the phase that ran them."""
 
-    def __init__(self, counts: Any) -> None:
+    def __init__(self, counts: OpCounts) -> None:
         self.counts = counts
         self.stack = ["rest"]
 
@@ -135,7 +143,7 @@ class _Phases:
         return lambda: delattr(obj, method) if method in vars(obj) else None
 
 
-def count_step_ops(engine: Any, prompt: list[int], new_tokens: int, budget: int) -> dict[str, Any]:
+def count_step_ops(engine: SpeculativeEngine, prompt: list[int], new_tokens: int, budget: int) -> dict[str, Any]:
     """Aten ops and host syncs per step, per phase (a generation minus its prefill-only twin)."""
     from specmoe.bench.opcount import count_ops
     from specmoe.decoding.stopping import StopRule
@@ -179,7 +187,7 @@ def count_step_ops(engine: Any, prompt: list[int], new_tokens: int, budget: int)
     return out
 
 
-def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
+def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     """Every measurement of the module docstring; returns a flat dict of results."""
     import torch
 
@@ -269,7 +277,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     return r
 
 
-def verifier_times(target: Any, args: argparse.Namespace, clock: Callable[[], float], slot_bytes: int,
+def verifier_times(target: Target, args: argparse.Namespace, clock: Callable[[], float], slot_bytes: int,
                    dense: int, bw: float) -> dict[str, dict[str, float]]:
     """Median ms of one verification pass (``budget`` tokens, a chain, ``prompt_len`` cached) per experts
     implementation, with its roofline ratio (same routing for all)."""
@@ -317,7 +325,7 @@ def verifier_times(target: Any, args: argparse.Namespace, clock: Callable[[], fl
     return out
 
 
-def _verifier(name: str) -> Any:
+def _verifier(name: str) -> Verifier:
     """The verifier ``name``: a registered one, or ``<verifier>_<implementation>`` for a registered verifier whose
     ``Config`` has an ``implementation`` option (e.g. ``hf_grouped_mm``: transformers' grouped_mm experts)."""
     import dataclasses

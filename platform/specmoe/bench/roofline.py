@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.kv import KVState
+    from specmoe.interfaces.target import Target
 
 __all__ = ["read_bandwidth", "module_bytes", "target_dense_bytes", "kv_bytes_per_slot", "verify_bytes",
            "prune_cost"]
@@ -66,7 +70,7 @@ def module_bytes(modules: Iterable[torch.nn.Module]) -> int:
     return total
 
 
-def target_dense_bytes(target: Any) -> int:
+def target_dense_bytes(target: Target) -> int:
     """The target's parameters read by every pass: all but the routed experts and the input embedding."""
     expert_ids = {id(p) for m in target.experts_modules() for p in m.parameters()}
     embed = target.parts().embed_tokens
@@ -90,7 +94,7 @@ def target_dense_bytes(target: Any) -> int:
     return total
 
 
-def kv_bytes_per_slot(kv: Any) -> int:
+def kv_bytes_per_slot(kv: KVState) -> int:
     """Bytes one cached slot (one row) occupies over every attention layer of a KV state (keys + values)."""
     total = 0
     for layer in kv.cache.layers:
@@ -107,7 +111,7 @@ def verify_bytes(dense: int, experts_per_layer: list[int], bytes_per_expert: int
     return dense + sum(experts_per_layer) * bytes_per_expert + rows * kv_slots * kv_slot_bytes
 
 
-def prune_cost(target: Any, context: int, *, rows: int = 1, nodes: int = 6, keep: list[int] | None = None,
+def prune_cost(target: Target, context: int, *, rows: int = 1, nodes: int = 6, keep: list[int] | None = None,
                repeats: int = 30, clock: Callable[[], float] = time.perf_counter, seed: int = 0) -> float:
     """Median seconds of :meth:`KVState.keep_last` after a ``nodes``-token tree pass over ``context`` cached
     tokens, keeping a path that is not a prefix of the verified order (``keep``, default ``[0, 2, 3]``): the

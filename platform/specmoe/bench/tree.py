@@ -25,7 +25,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.target import Target
 
 __all__ = ["add_arguments", "run", "measure", "parse_shapes"]
 
@@ -98,7 +101,7 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def _prompts(target: Any, args: argparse.Namespace, extra: int = 0) -> list[list[int]]:
+def _prompts(target: Target, args: argparse.Namespace, extra: int = 0) -> list[list[int]]:
     """The measured prompts (``args.prompts`` of the source), then ``extra`` others of the same source (the
     warm-up's): the measured ones are the same whatever ``extra`` is."""
     import torch
@@ -130,7 +133,7 @@ def _prompts(target: Any, args: argparse.Namespace, extra: int = 0) -> list[list
     return [render_prompt(target.tokenizer, s) for s in samples]
 
 
-def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
+def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     """Per method: tokens per step, tokens/s, acceptance per position, verified tokens and phase seconds per step."""
     import torch
 

@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from specmoe.registry import drafters, predictors, targets
-    from specmoe.traces.evaluate import evaluate_predictor
     from specmoe.traces.format import TraceReader
+    from specmoe.training.trace_eval import evaluate_predictor
 
     reader = TraceReader(args.traces)
     target = targets.get(args.target_plugin or targets.default())(path=args.target or reader.meta.target["path"],

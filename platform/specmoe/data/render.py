@@ -24,16 +24,19 @@ answers to turns ``0..k-1`` (see :func:`render_turn`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from specmoe.errors import UserError
 from specmoe.interfaces.dataset import Sample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["has_chat_template", "messages_for_turn", "plain_chat_text", "prompt_text", "render_prompt",
            "render_turn"]
 
 
-def has_chat_template(tokenizer: Any) -> bool:
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     """True when ``tokenizer`` carries a (non-empty) chat template."""
     return bool(getattr(tokenizer, "chat_template", None))
 
@@ -71,7 +74,7 @@ def plain_chat_text(messages: Sequence[dict[str, str]]) -> str:
     return "\n".join(lines) + "\nAssistant:"
 
 
-def prompt_text(tokenizer: Any, sample: Sample, turn: int = 0, answers: Sequence[str] = (),
+def prompt_text(tokenizer: PreTrainedTokenizerBase, sample: Sample, turn: int = 0, answers: Sequence[str] = (),
                 system: Optional[str] = None) -> tuple[str, bool]:
     """The prompt as text, and whether it must be tokenized with the tokenizer's special tokens.
 
@@ -88,7 +91,7 @@ def prompt_text(tokenizer: Any, sample: Sample, turn: int = 0, answers: Sequence
     return plain_chat_text(msgs), True
 
 
-def render_turn(tokenizer: Any, sample: Sample, turn: int = 0, answers: Sequence[str] = (),
+def render_turn(tokenizer: PreTrainedTokenizerBase, sample: Sample, turn: int = 0, answers: Sequence[str] = (),
                 system: Optional[str] = None) -> list[int]:
     """Prompt token ids for answering ``sample.turns[turn]``.
 
@@ -107,6 +110,6 @@ def render_turn(tokenizer: Any, sample: Sample, turn: int = 0, answers: Sequence
     return [int(t) for t in ids]
 
 
-def render_prompt(tokenizer: Any, sample: Sample, system: Optional[str] = None) -> list[int]:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, sample: Sample, system: Optional[str] = None) -> list[int]:
     """Prompt token ids of the first turn: ``render_turn(tokenizer, sample, 0)``."""
     return render_turn(tokenizer, sample, 0, (), system)

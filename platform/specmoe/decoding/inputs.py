@@ -21,12 +21,15 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from specmoe.decoding.stopping import StopRule
 from specmoe.errors import UserError
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.target import Target
 
 __all__ = ["InputError", "check_generate", "check_ar", "check_prompts", "check_count"]
 
@@ -125,7 +128,7 @@ def _check_sampling(temperature: Any, stop: Any, seed: Any) -> None:
         raise InputError(f"seed must be an integer; got {seed!r} ({type(seed).__name__})")
 
 
-def check_ar(target: Any, prompts: Any, *, temperature: Any, stop: Any, seed: Any) -> None:
+def check_ar(target: Target, prompts: Any, *, temperature: Any, stop: Any, seed: Any) -> None:
     """The arguments of :func:`~specmoe.decoding.ar.ar_generate` (raises :class:`InputError`)."""
     check_prompts(prompts, target.vocab_size)
     _check_sampling(temperature, stop, seed)

@@ -12,12 +12,16 @@ evaluation stores these records as it goes, so a killed run resumes after its la
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from specmoe.decoding.settings import DecodeSettings
 from specmoe.evaluation.results import CellResult
 from specmoe.interfaces.dataset import Sample
 from specmoe.metrics import BatchTiming, CellData, summarize
+
+if TYPE_CHECKING:
+    from specmoe.evaluation.method import Method
+    from specmoe.metrics import Metric
 
 __all__ = ["run_batch", "warm_up", "build_cell", "cell_data", "add_counts", "batch_summary", "INTERVAL_METRICS"]
 
@@ -35,7 +39,7 @@ def add_counts(a: list[list[int]] | None, b: list[list[int]] | None) -> list[lis
     return [[x + y for x, y in zip(r1, r2)] for r1, r2 in zip(a, b)]
 
 
-def warm_up(method: Any, samples: Sequence[Sample], render: Render, n: int, settings: DecodeSettings) -> None:
+def warm_up(method: Method, samples: Sequence[Sample], render: Render, n: int, settings: DecodeSettings) -> None:
     """``n`` untimed generations of ``samples``' first turns as one batch (the cell's batch size): kernels,
     caches and allocators warm up for that shape, and an adaptive method's online models (cost, acceptance,
     its AR floor's state for the batch size) see the regime once before timing, as after the first seconds
@@ -45,7 +49,7 @@ def warm_up(method: Any, samples: Sequence[Sample], render: Render, n: int, sett
         method.generate(prompts, settings.replace(seed=settings.seed + 10_000 + w))
 
 
-def run_batch(method: Any, batch: Sequence[Sample], render: Render, decode: Callable[[list[int]], str],
+def run_batch(method: Method, batch: Sequence[Sample], render: Render, decode: Callable[[list[int]], str],
               settings: DecodeSettings) -> dict[str, Any]:
     """Generate ``batch`` (every turn of every sample) with ``method``.
 
@@ -93,7 +97,7 @@ def cell_data(batches: Sequence[dict[str, Any]], temperature: float, bytes_per_e
                     bytes_per_expert_loaded=bytes_per_expert_loaded, num_moe_layers=num_moe_layers)
 
 
-def _weight(metric: Any, data: CellData) -> float:
+def _weight(metric: Metric, data: CellData) -> float:
     """How much a batch counts in ``metric``'s cell value (its aggregation): 1 per batch (``batches``),
     its steps that have a value (``steps``), its (step, active row) pairs (``rows``)."""
     if metric.aggregate == "rows":

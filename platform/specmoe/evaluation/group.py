@@ -34,7 +34,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from specmoe.decoding.settings import DecodeSettings
 from specmoe.errors import CellFailed
@@ -44,6 +44,9 @@ from specmoe.evaluation.stats import MIN_BATCHES, add_intervals, batches_for_mar
 from specmoe.interfaces.dataset import Sample
 from specmoe.metrics import derive
 from specmoe.utils.files import atomic_write_json
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 __all__ = ["Member", "EvalGroup"]
 
@@ -91,7 +94,7 @@ class EvalGroup:
 
     def __init__(self, directory: Path, members: Sequence[Member], samples: Sequence[Sample], *, dataset: str,
                  temperature: float, batch_size: int, render: Callable, decode: Callable, decoding: DecodeSettings,
-                 warmup: int, seed: int, target_facts: dict[str, int], progress: Any = None,
+                 warmup: int, seed: int, target_facts: dict[str, int], progress: tqdm | None = None,
                  repeats: int = 1, margin: float | None = None, max_prompts: int = 0,
                  more: Callable[[], Sequence[Sample]] | None = None) -> None:
         self.dir = Path(directory)

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from specmoe.config.schema import MethodConfig
 from specmoe.decoding.ar import ar_generate
 from specmoe.decoding.engine import SpeculativeEngine
 from specmoe.decoding.records import Generation
 from specmoe.decoding.settings import DecodeSettings
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.target import Target
 
 __all__ = ["Method"]
 
@@ -23,7 +26,7 @@ class Method:
         resolve: maps option trees with ``stage:<id>`` references to concrete paths.
     """
 
-    def __init__(self, cfg: MethodConfig, target: Any, resolve: Callable[[Any], Any]) -> None:
+    def __init__(self, cfg: MethodConfig, target: Target, resolve: Callable[[Any], Any]) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.target = target

@@ -4,17 +4,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from specmoe.evaluation.results import CellResult
+from specmoe.tracking.schema import BATCHES_ARTIFACT, PROMPT_BATCHES
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from specmoe.evaluation.report_tables import Table
+    from specmoe.tracking.client import NullTracker, RunHandle, Tracker
 
 __all__ = ["build_report_tables", "log_cell", "log_summary", "write_results", "calibration_metrics",
            "interval_metrics", "BATCHES_ARTIFACT", "PROMPT_BATCHES"]
-
-#: a cell run's per-batch values (``CellResult.batches``): what ``platform compare`` pairs methods from
-BATCHES_ARTIFACT = "batches.json"
-#: the MLflow metric holding a cell's number of prompt batches
-PROMPT_BATCHES = "prompt_batches"
 
 
 def interval_metrics(cell: CellResult) -> dict[str, float]:
@@ -25,14 +27,14 @@ def interval_metrics(cell: CellResult) -> dict[str, float]:
     return out
 
 
-def build_report_tables(cells: Sequence[CellResult]) -> list[Any]:
+def build_report_tables(cells: Sequence[CellResult]) -> list[Table]:
     """Table 1 and Table 3 of this run's cells (:func:`specmoe.evaluation.report_tables.build_tables`)."""
     from specmoe.evaluation.report_tables import build_tables
 
     return build_tables(cells)
 
 
-def write_results(cells: Sequence[CellResult], tables: list[Any], out: Path) -> str:
+def write_results(cells: Sequence[CellResult], tables: list[Table], out: Path) -> str:
     """``results.json`` (metrics, their confidence intervals and level, the verdict against AR),
     ``samples_*.jsonl`` (outputs) and ``table.md`` under ``out``; returns the
     text rendering of the tables."""
@@ -56,7 +58,7 @@ def write_results(cells: Sequence[CellResult], tables: list[Any], out: Path) -> 
     return render(tables, "text")
 
 
-def log_cell(tracker: Any, parent: Any, cell: CellResult) -> None:
+def log_cell(tracker: Tracker | NullTracker, parent: RunHandle, cell: CellResult) -> None:
     """One nested run per cell (skipped when this parent already holds a finished one)."""
     from specmoe.metrics import names
     from specmoe.tracking.schema import cell_run_name, cell_tags
@@ -106,7 +108,7 @@ def calibration_metrics(cal: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in out.items() if v is not None and v == v}  # NaN: no data
 
 
-def _log_calibration(run: Any, cell: CellResult) -> None:
+def _log_calibration(run: RunHandle, cell: CellResult) -> None:
     """The cell's cost-model coefficients and errors, acceptance calibration and AR floor decisions as
     metrics, the whole calibration as ``calibration.json`` and a predicted-vs-measured T_verify plot."""
     from specmoe.evaluation import report_plots as plots
@@ -120,7 +122,7 @@ def _log_calibration(run: Any, cell: CellResult) -> None:
                        "plots/cost_fit.png")
 
 
-def _figures(cells: Sequence[CellResult]) -> dict[str, Any]:
+def _figures(cells: Sequence[CellResult]) -> dict[str, Figure]:
     from specmoe.evaluation import report_plots as plots
     from specmoe.evaluation.cell import add_counts
     from specmoe.evaluation.report_tables import speedup_by_gamma, speedup_intervals_by_gamma
@@ -147,7 +149,8 @@ def _figures(cells: Sequence[CellResult]) -> dict[str, Any]:
     return figs
 
 
-def log_summary(tracker: Any, parent: Any, cells: Sequence[CellResult], tables: list[Any], out_dir: Path) -> None:
+def log_summary(tracker: Tracker | NullTracker, parent: RunHandle | None, cells: Sequence[CellResult],
+                tables: list[Table], out_dir: Path) -> None:
     """Plots (Fig. 1a, 1b, 4, speedup vs γ) into ``out_dir/plots`` and the parent run, and the comparison
     tables (built once, by the caller) as ``comparison/tables.md`` and ``comparison/tables.csv``."""
     from specmoe.evaluation.report_tables import render

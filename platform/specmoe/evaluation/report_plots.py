@@ -9,7 +9,12 @@ Every function takes plain data and returns a :class:`matplotlib.figure.Figure`;
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from specmoe.decoding.records import StepRecord
 
 __all__ = [
     "fig_latency_vs_experts",
@@ -23,7 +28,7 @@ __all__ = [
 Records = Mapping[str, Sequence[Any]]
 
 
-def _figure(width: float, height: float, ncols: int = 1, **kw: Any) -> tuple[Any, Any]:
+def _figure(width: float, height: float, ncols: int = 1, **kw: Any) -> tuple[Figure, Any]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -33,7 +38,7 @@ def _figure(width: float, height: float, ncols: int = 1, **kw: Any) -> tuple[Any
     return fig, axes
 
 
-def _as_dict(rec: Any) -> dict[str, Any]:
+def _as_dict(rec: StepRecord | Mapping[str, Any]) -> dict[str, Any]:
     return rec if isinstance(rec, Mapping) else rec.to_dict()
 
 
@@ -56,7 +61,7 @@ def _color(i: int) -> str:
     return f"C{i % 10}"
 
 
-def fig_latency_vs_experts(records: Records, title: str | None = None) -> Any:
+def fig_latency_vs_experts(records: Records, title: str | None = None) -> Figure:
     """Paper Fig. 1(a): verification latency of each step vs its unique experts per layer (E).
 
     One scatter series per method and a least-squares line over all steps (slope = cost per extra
@@ -112,7 +117,7 @@ def mean_cumulative_experts(recs: Sequence[Any]) -> list[float]:
     return [s / c for s, c in zip(sums, counts)]
 
 
-def fig_cumulative_experts(records: Records, top_k: int | None = None, title: str | None = None) -> Any:
+def fig_cumulative_experts(records: Records, top_k: int | None = None, title: str | None = None) -> Figure:
     """Paper Fig. 1(b): cumulative unique experts per layer vs the number of verified tokens, one line per
     selector / method.
 
@@ -142,7 +147,7 @@ def fig_cumulative_experts(records: Records, top_k: int | None = None, title: st
     return fig
 
 
-def fig_expert_heatmap(expert_counts: Sequence[Sequence[float]], title: str | None = None) -> Any:
+def fig_expert_heatmap(expert_counts: Sequence[Sequence[float]], title: str | None = None) -> Figure:
     """Paper Fig. 4: expert activation heatmap (share of each layer's activations per expert) and the
     layer-wise load distribution (expert load / mean load of the layer; 1 = balanced; box = quartiles,
     whiskers = 5th-95th percentile).
@@ -211,7 +216,7 @@ def _horizontal() -> dict[str, Any]:
 
 
 def fig_speedup_vs_gamma(speedups: Mapping[str, Mapping[int, float]], title: str | None = None,
-                         intervals: Mapping[str, Mapping[int, Sequence[float]]] | None = None) -> Any:
+                         intervals: Mapping[str, Mapping[int, Sequence[float]]] | None = None) -> Figure:
     """Speedup over AR vs the verification budget γ, one line per method (paper Appendix C), with error bars
     where a confidence interval is known.
 
@@ -245,7 +250,7 @@ def fig_speedup_vs_gamma(speedups: Mapping[str, Mapping[int, float]], title: str
     return fig
 
 
-def fig_cost_fit(predicted: Sequence[float], measured: Sequence[float], title: str | None = None) -> Any:
+def fig_cost_fit(predicted: Sequence[float], measured: Sequence[float], title: str | None = None) -> Figure:
     """A cost model's predicted vs measured T_verify of the passes in its window (the diagonal is a perfect
     fit), in milliseconds."""
     fig, ax = _figure(4.2, 4.0)

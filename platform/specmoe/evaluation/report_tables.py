@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from specmoe.errors import UserError
-from specmoe.evaluation.report import BATCHES_ARTIFACT, PROMPT_BATCHES
 from specmoe.evaluation.results import CellResult
 from specmoe.evaluation.stats import (
     LEVEL,
@@ -35,9 +34,13 @@ from specmoe.evaluation.stats import (
     pair_interval,
 )
 from specmoe.metrics import get as get_metric
+from specmoe.metrics import mean
 from specmoe.metrics import names as metric_names
 from specmoe.tracking.runs import json_artifacts, resolve_uri, search_cell_runs
-from specmoe.tracking.schema import records_csv
+from specmoe.tracking.schema import BATCHES_ARTIFACT, PROMPT_BATCHES, records_csv
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 __all__ = ["Block", "Table", "DEFAULT_METRICS", "TABLE3_METRICS", "resolve_uri", "load_cells",
            "group_blocks", "table1", "table3", "build_tables", "adaptive_tables", "render", "compare",
@@ -90,7 +93,7 @@ def _truthy(value: str | None) -> bool:
     return str(value).lower() in {"1", "true", "yes"}
 
 
-def _to_cell(run: Any) -> CellResult | None:
+def _to_cell(run: Run) -> CellResult | None:
     t = run.data.tags
     try:
         method = t["specmoe.method"]
@@ -190,10 +193,6 @@ def _names() -> tuple[str, ...]:
     return metric_names()
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def _value(block: Block, method: str, metric: str, datasets: Sequence[str]) -> float | None:
     """Mean of ``metric`` of ``method`` over ``datasets`` (``None`` when no cell has it)."""
     m = get_metric(metric)
@@ -201,7 +200,7 @@ def _value(block: Block, method: str, metric: str, datasets: Sequence[str]) -> f
         return m.ar_value
     vals = [block.cells[(method, d)].metrics[metric] for d in datasets
             if (method, d) in block.cells and metric in block.cells[(method, d)].metrics]
-    return _mean(vals)
+    return mean(vals)
 
 
 def _show(block: Block, method: str, metric: str, value: float | None, unit: str = "s") -> str:
@@ -368,8 +367,8 @@ def _cell_of(here: Sequence[CellResult], label: str, dataset: str) -> CellResult
     return next((c for c in here if f"{c.method}@{c.budget}" == label and c.dataset == dataset), None)
 
 
-def _adaptive_entry(here: Sequence[CellResult], name: str, over: Sequence[str], b: Any, cf: float | None,
-                    base: dict[str, Any], fitted: bool) -> tuple[str, dict[str, Any], bool]:
+def _adaptive_entry(here: Sequence[CellResult], name: str, over: Sequence[str], b: tuple[str, float] | None,
+                    cf: float | None, base: dict[str, Any], fitted: bool) -> tuple[str, dict[str, Any], bool]:
     """One entry of :func:`adaptive_tables`: adaptive method ``name`` over datasets ``over`` against the best fixed
     member ``b`` (``(label, speedup)`` or None) and the cross-fitted best ``cf``: its text, its record, and
     whether it shows an interval."""

@@ -8,7 +8,10 @@ A cell is one method on one dataset at one (temperature, γ, batch size). The ev
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from specmoe.evaluation.stats import Interval
 
 __all__ = ["CellResult"]
 
@@ -71,7 +74,7 @@ class CellResult:
     intervals: dict[str, list[float]] = field(default_factory=dict)
     prompt_batches: int = 0
 
-    def interval(self, metric: str) -> Any:
+    def interval(self, metric: str) -> Optional[Interval]:
         """``metric`` as an :class:`~specmoe.evaluation.stats.Interval` (``None`` when the cell lacks it)."""
         from specmoe.evaluation.stats import Interval
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from specmoe.config.schema import Component, MethodConfig, RunConfig
 from specmoe.decoding.settings import DecodeSettings
@@ -26,6 +26,11 @@ from specmoe.evaluation.method import Method
 from specmoe.evaluation.results import CellResult
 from specmoe.utils.files import FileLock
 from specmoe.utils.hashing import stable_hash
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from specmoe.interfaces.target import Target
 
 __all__ = ["Evaluator", "AR_METHOD"]
 
@@ -50,7 +55,7 @@ class Evaluator:
         on_group: called with the cells of every finished group (MLflow logging).
     """
 
-    def __init__(self, cfg: RunConfig, target: Any, resolve: Callable[[Any], Any], resolve_key: Callable[[Any], Any],
+    def __init__(self, cfg: RunConfig, target: Target, resolve: Callable[[Any], Any], resolve_key: Callable[[Any], Any],
                  samples: dict[str, list], render: Callable, decode: Callable, cache_dir: Path,
                  code: dict[str, Any] | None = None,
                  on_group: Callable[[list[CellResult]], None] | None = None) -> None:
@@ -79,7 +84,7 @@ class Evaluator:
                             f">= 1 prompt")
 
     # ------------------------------------------------------------------ keys
-    def _sig(self, comp: Component | None) -> Any:
+    def _sig(self, comp: Component | None) -> dict[str, Any] | None:
         return None if comp is None else {"name": comp.name, "options": self.resolve_key(comp.options)}
 
     def _method_sig(self, m: MethodConfig, budget: int) -> dict[str, Any]:
@@ -145,7 +150,7 @@ class Evaluator:
         return StopRule(d.max_new_tokens, stop_ids=ids, stop_strings=d.stop_strings, tokenizer=tok)
 
     # ------------------------------------------------------------------ grid
-    def groups(self, progress: Any = None) -> list[EvalGroup]:
+    def groups(self, progress: tqdm | None = None) -> list[EvalGroup]:
         cfg, d = self.cfg, self.cfg.decoding
         members = self._members()
         facts = {"bytes_per_expert": int(self.target.bytes_per_expert_stored),

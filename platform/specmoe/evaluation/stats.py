@@ -29,9 +29,12 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["LEVEL", "RESAMPLES", "MIN_BATCHES", "Interval", "expanded_level", "ratio_of_sums",
            "ratio_intervals", "verdict", "batches_for_margin", "cross_fit_best", "VERDICTS", "add_intervals",
@@ -84,13 +87,14 @@ def expanded_level(level: float, n: int) -> float:
     return float(2 * stats.norm.cdf(t) - 1)
 
 
-def ratio_of_sums(x: Any, y: Any, axis: int = -1) -> Any:
+def ratio_of_sums(x: npt.ArrayLike, y: npt.ArrayLike, axis: int = -1) -> np.ndarray | np.floating:
     """Σ x / Σ y along ``axis`` (the statistic of every interval here; vectorised)."""
     return np.sum(x, axis=axis) / np.sum(y, axis=axis)
 
 
-def ratio_intervals(x: Any, y: Any, *, level: float = LEVEL, resamples: int = RESAMPLES, seed: int = 0,
-                    paired: bool = True, min_batches: int = MIN_BATCHES) -> tuple[np.ndarray, np.ndarray]:
+def ratio_intervals(x: npt.ArrayLike, y: npt.ArrayLike, *, level: float = LEVEL, resamples: int = RESAMPLES,
+                    seed: int = 0, paired: bool = True,
+                    min_batches: int = MIN_BATCHES) -> tuple[np.ndarray, np.ndarray]:
     """Intervals of Σ x / Σ y for every row of ``x`` / ``y`` (shape ``[..., n]``, the last axis the prompt
     batches).
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from specmoe.interfaces.checks import check_begin, check_draft, checked_method
 from specmoe.interfaces.plugin import Plugin
 from specmoe.interfaces.tree import DraftTree
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.target import Target
 
 __all__ = ["Drafter", "Committed"]
 
@@ -87,7 +90,7 @@ class Drafter(Plugin, ABC):
         raise NotImplementedError(f"drafter {type(self).__name__} computes no per-node features")
 
     @abstractmethod
-    def setup(self, target: Any) -> None:
+    def setup(self, target: Target) -> None:
         """Bind to the target (load weights, check vocabularies). Called once."""
 
     @abstractmethod

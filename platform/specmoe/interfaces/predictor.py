@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from specmoe.interfaces.drafter import Committed
 from specmoe.interfaces.plugin import Plugin
 from specmoe.interfaces.tree import DraftTree
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.target import Target
 
 __all__ = ["Predictor"]
 
@@ -28,7 +31,7 @@ class Predictor(Plugin, ABC):
     uses_draft_features: ClassVar[bool] = False
 
     @abstractmethod
-    def setup(self, target: Any) -> None:
+    def setup(self, target: Target) -> None:
         """Bind to the target (shapes L, E, K; embeddings)."""
 
     def begin(self, batch_size: int) -> Any:

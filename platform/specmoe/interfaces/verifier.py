@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from specmoe.interfaces.plugin import Plugin
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.target import Target
 
 __all__ = ["Verifier", "GraphExperts"]
 
@@ -55,13 +58,13 @@ class Verifier(Plugin, ABC):
         name = self.implementation_name()
         fn = self.experts_forward
 
-        def experts_fn(module: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
+        def experts_fn(module: torch.nn.Module, hidden: torch.Tensor, top_k_index: torch.Tensor,
                        top_k_weights: torch.Tensor) -> torch.Tensor:
             return fn(module, hidden, top_k_index, top_k_weights)
 
         ExpertsInterface.register(name, experts_fn)
 
-    def experts_forward(self, module: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
+    def experts_forward(self, module: torch.nn.Module, hidden: torch.Tensor, top_k_index: torch.Tensor,
                         top_k_weights: torch.Tensor) -> torch.Tensor:
         """``hidden [T, H]``, ``top_k_index [T, K]`` int64, ``top_k_weights [T, K]`` -> ``[T, H]``."""
         raise TypeError(f"{type(self).__name__} uses a built-in implementation and has no experts_forward")
@@ -71,12 +74,12 @@ class Verifier(Plugin, ABC):
         eagerly)."""
         return False
 
-    def graph_experts(self, module: Any) -> GraphExperts | None:
+    def graph_experts(self, module: torch.nn.Module) -> GraphExperts | None:
         """The graph form of this verifier's computation for the experts module ``module``; ``None`` (the
         default): a compiled pass calls the module as it is, an opaque step inside the graph."""
         return None
 
-    def install(self, target: Any) -> None:
+    def install(self, target: Target) -> None:
         """Switch every MoE layer of ``target`` (a :class:`~specmoe.interfaces.target.Target`) to this
         verifier's implementation, with compiled decoding passes where :meth:`compiled_passes` says so."""
         if type(self).experts_forward is not Verifier.experts_forward:

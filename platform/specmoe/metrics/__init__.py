@@ -4,6 +4,7 @@ step records, whether it applies to AR, how it aggregates), used by the evaluati
 ``platform compare`` and the plots. Adding a metric is one :func:`register` call in
 :mod:`specmoe.metrics.builtin` (or in a plugin module)."""
 
+from specmoe.metrics import builtin as _builtin  # noqa: F401 - registers the built-in metrics (before any other)
 from specmoe.metrics.registry import (
     METRICS,
     BatchTiming,

@@ -115,8 +115,8 @@ METRICS: dict[str, Metric] = {}
 
 
 def register(metric: Metric) -> Metric:
-    """Add ``metric`` (its name must be new; the built-ins always come first)."""
-    _ensure_builtin()
+    """Add ``metric`` (its name must be new; the built-ins always come first: the package registers them when
+    it is imported, before any other module can reach this function)."""
     if metric.name in METRICS:
         raise ValueError(f"metric '{metric.name}' is registered twice")
     if (metric.compute is None) == (metric.relative is None):
@@ -125,19 +125,13 @@ def register(metric: Metric) -> Metric:
     return metric
 
 
-def _ensure_builtin() -> None:
-    import specmoe.metrics.builtin  # noqa: F401 - registers the built-in metrics
-
-
 def get(name: str) -> Metric:
-    _ensure_builtin()
     if name not in METRICS:
         raise KeyError(f"unknown metric '{name}'; metrics: {', '.join(METRICS)}")
     return METRICS[name]
 
 
 def names() -> tuple[str, ...]:
-    _ensure_builtin()
     return tuple(METRICS)
 
 
@@ -149,7 +143,6 @@ def mean(values: Iterable[float]) -> Value:
 def summarize(data: CellData, autoregressive: bool = False) -> dict[str, float]:
     """Every metric computable from the cell alone (those without data are left out). For the AR cell,
     metrics that do not apply to it are left out, or set to their ``ar_value`` when it is fixed."""
-    _ensure_builtin()
     out: dict[str, float] = {}
     for m in METRICS.values():
         if m.compute is None:
@@ -168,7 +161,6 @@ def derive(cell: CellData, ar: CellData, metrics: dict[str, float], ar_metrics: 
            autoregressive: bool = False) -> dict[str, float]:
     """The metrics relative to ``ar`` (measured on the same prompts in the same run); for the AR cell
     itself only those fixed by definition (``ar_value``)."""
-    _ensure_builtin()
     out: dict[str, float] = {}
     for m in METRICS.values():
         if m.relative is None:

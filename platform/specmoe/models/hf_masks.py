@@ -4,12 +4,15 @@ type of every layer."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from specmoe.errors import UserError
 from specmoe.interfaces.kv import KVState
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["MaskSpec"]
 
@@ -31,7 +34,7 @@ class MaskSpec:
         config: the model's ``transformers`` config.
     """
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         window = getattr(config, "sliding_window", None)
         layer_types = getattr(config, "layer_types", None)
         if layer_types:
@@ -63,7 +66,7 @@ class MaskSpec:
         return [self.window if kind == "sliding_attention" else None for kind in layer_types]
 
     def build(self, kv: KVState, positions: torch.Tensor, attend: torch.Tensor, valid: torch.Tensor,
-              dtype: torch.dtype, cached_attend: torch.Tensor | None = None) -> Any:
+              dtype: torch.dtype, cached_attend: torch.Tensor | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
         """Additive float mask(s) ``[B, 1, N, S + N]`` (a ``{layer type: mask}`` dict for several types)."""
         windows = [self.window if k == "sliding_attention" else None for k in self.kinds]
         masks = kv.masks(positions, attend, valid, windows, cached_attend, dtype)

@@ -12,8 +12,6 @@ first and second halves are the two coordinates of each frequency).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 __all__ = ["RopeTables", "rotate", "full_tables"]
@@ -34,7 +32,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
-def static(rotary: Any) -> bool:
+def static(rotary: torch.nn.Module) -> bool:
     """Whether ``rotary``'s tables depend on the position alone, so one table serves every pass."""
     kind = str(getattr(rotary, "rope_type", "default"))
     return "dynamic" not in kind and kind != "longrope" and isinstance(getattr(rotary, "inv_freq", None), torch.Tensor)
@@ -49,7 +47,7 @@ class RopeTables:
         head_dim: ``D`` of the rotated heads.
     """
 
-    def __init__(self, rotary: Any, head_dim: int) -> None:
+    def __init__(self, rotary: torch.nn.Module, head_dim: int) -> None:
         self.rotary = rotary
         self.half = head_dim // 2
         self._table: tuple | None = None  # (stamp, cos [P, D], sin [P, D])

@@ -11,10 +11,13 @@ cell records, a blank line, then the engine records (each block with its header)
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from specmoe.errors import UserError
 from specmoe.evaluation import report_tables as rt
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 __all__ = ["BENCH_TAG", "ARTIFACT", "bench_runs", "engine_table", "compare"]
 
@@ -26,7 +29,7 @@ _COLUMNS = ["engine", "method", "batch", "T", "γ", "tok/s", "tok/s CPU", "tok/s
             "budget viol."]
 
 
-def bench_runs(uri: str, experiment: str, run_id: str | None = None, all_runs: bool = False) -> list[Any]:
+def bench_runs(uri: str, experiment: str, run_id: str | None = None, all_runs: bool = False) -> list[Run]:
     """The FINISHED bench peer runs of ``experiment`` (newest first): all, the one ``run_id``, or the latest;
     none where the experiment has none (or does not exist)."""
     from mlflow import MlflowClient
@@ -61,7 +64,7 @@ def _fmt(v: Any, spec: str, suffix: str = "") -> str:
     return "-" if v is None else format(v, spec) + suffix
 
 
-def engine_table(run: Any, rows: dict[str, dict[str, Any]]) -> rt.Table:
+def engine_table(run: Run, rows: dict[str, dict[str, Any]]) -> rt.Table:
     """One bench peer run's rows: engine, method, cell, speed, tokens per step, agreement, the plugin's ratio
     to the cell's best fixed configuration and its budget check."""
     p = run.data.params

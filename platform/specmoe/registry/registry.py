@@ -123,7 +123,7 @@ class Registry(Generic[T]):
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ registration
-    def register(self, name: str, target: Any = None, *, origin: str | None = None,
+    def register(self, name: str, target: type | str | None = None, *, origin: str | None = None,
                  override: bool = False) -> Callable[[type], type] | None:
         """Register ``target`` under ``name``; without ``target`` this is a class decorator."""
         key = normalize_name(name)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from specmoe.config.schema import Component
 from specmoe.errors import UserError
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.target import Target
 
 __all__ = ["as_component", "build_option", "build_target", "option_components"]
 
@@ -60,7 +63,7 @@ def build_option(config: Any, name: str, **overrides: Any) -> Any:
     return comp.build(**overrides)
 
 
-def build_target(config: Any, name: str = "target", device: Optional[str] = None) -> Any:
+def build_target(config: Any, name: str = "target", device: Optional[str] = None) -> Target:
     """The :class:`~specmoe.interfaces.target.Target` of option ``name``; ``device`` (the stage's device)
     applies when the target's options leave ``device`` unset and use no ``device_map``."""
     f = _field(config, name)

@@ -25,7 +25,7 @@ import time
 import traceback
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from specmoe.config.errors import ConfigError, Problem
 from specmoe.config.schema import Component, StageSpec
@@ -34,6 +34,9 @@ from specmoe.stages.state import DONE, ERROR_LOG, read_state, stage_lock, write_
 from specmoe.utils.dist import dist_info, rank_world, wait_for
 from specmoe.utils.files import atomic_write, atomic_write_json
 from specmoe.utils.hashing import stable_hash
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.stage import Stage, StageContext
 
 __all__ = ["StageRunner", "substitute_refs", "split_ref", "STAGE_PREFIX", "rank_world", "stage_key_blob"]
 
@@ -156,7 +159,7 @@ class StageRunner:
     def label(self, sid: str) -> str:
         return f"stage '{sid}' ({self.specs[sid].component.name})"
 
-    def run(self, ctx: Any, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    def run(self, ctx: StageContext, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         """Run every stage (or ``only`` those and their dependencies) that is not cached yet.
 
         Returns:
@@ -186,10 +189,10 @@ class StageRunner:
         summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
         return {**summary, "cached": True, "dir": str(out)}
 
-    def _build(self, sid: str, cls: type) -> Any:
+    def _build(self, sid: str, cls: type) -> Stage:
         return cls(cls.Config(**self.resolve(self.specs[sid].component.options)))
 
-    def _prepare(self, sid: str, stage: Any, out: Path) -> str:
+    def _prepare(self, sid: str, stage: Stage, out: Path) -> str:
         """Decide how this attempt starts (``fresh``, ``resuming`` or ``restarting``), emptying ``out`` for a
         clean restart after a failure that left nothing to resume."""
         prev = read_state(out) if out.is_dir() else {}
@@ -214,7 +217,7 @@ class StageRunner:
         write_state(out, "restarting", id=sid, **keep)
         return "restarting"
 
-    def _run_one(self, sid: str, cls: type, ctx: Any) -> dict[str, Any]:
+    def _run_one(self, sid: str, cls: type, ctx: StageContext) -> dict[str, Any]:
         out = self.out_dir(sid)
         if self.is_done(sid):
             logger.info("%s: cached at %s", self.label(sid), out)
@@ -234,7 +237,7 @@ class StageRunner:
         (out / ERROR_LOG).unlink(missing_ok=True)
         return {**summary, "cached": False, "dir": str(out)}
 
-    def _call(self, sid: str, stage: Any, out: Path, ctx: Any, record: bool = True) -> dict[str, Any]:
+    def _call(self, sid: str, stage: Stage, out: Path, ctx: StageContext, record: bool = True) -> dict[str, Any]:
         t0 = time.perf_counter()
         threads = _torch_threads()
         try:
@@ -255,7 +258,7 @@ class StageRunner:
         summary.update(self.facts.get(sid, {}))
         return summary
 
-    def _run_worker(self, sid: str, cls: type, ctx: Any) -> dict[str, Any]:
+    def _run_worker(self, sid: str, cls: type, ctx: StageContext) -> dict[str, Any]:
         """A distributed stage on a rank other than 0: run it alongside rank 0, then wait for its marker."""
         out = self.out_dir(sid)
         if self.is_done(sid):

@@ -15,7 +15,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from specmoe.utils.files import FileLock, atomic_write_json
 
@@ -44,7 +44,7 @@ def write_state(out: Path, state: str, **fields: Any) -> None:
     atomic_write_json(out / STATE, record, indent=1)
 
 
-def stage_lock(out: Path, what: str, on_wait: Any = None) -> FileLock:
+def stage_lock(out: Path, what: str, on_wait: Optional[Callable[[str], None]] = None) -> FileLock:
     """The lock of the stage directory ``out`` (a file beside it, so removing the directory keeps it)."""
     return FileLock(out.with_name(out.name + ".lock"), what, on_wait)
 

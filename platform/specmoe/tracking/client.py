@@ -26,7 +26,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 from urllib.parse import urlparse
 
 from specmoe.tracking.schema import (
@@ -41,6 +41,12 @@ from specmoe.tracking.schema import (
 )
 from specmoe.tracking.uri import check_uri, resolve_uri, sqlite_path
 from specmoe.utils.files import FileLock
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from mlflow import MlflowClient
+
+    from specmoe.config.schema import TrackingConfig
 
 __all__ = ["Tracker", "NullTracker", "RunHandle", "NullRun", "FoundRun"]
 
@@ -61,7 +67,7 @@ class FoundRun:
 class RunHandle:
     """The open run yielded by :meth:`Tracker.run`. Every call logs immediately (batched)."""
 
-    def __init__(self, client: Any, run_id: str, known_params: Mapping[str, str] | None = None):
+    def __init__(self, client: MlflowClient, run_id: str, known_params: Mapping[str, str] | None = None):
         self._client = client
         self.run_id = run_id
         self._known = dict(known_params or {})
@@ -122,7 +128,7 @@ class RunHandle:
         text = records_csv(rows, lambda v: json.dumps(v) if isinstance(v, (list, tuple, dict)) else v)
         self._client.log_text(self.run_id, text, path)
 
-    def log_figure(self, fig: Any, path: str, close: bool = True) -> None:
+    def log_figure(self, fig: Figure, path: str, close: bool = True) -> None:
         """Log a matplotlib figure as an image artifact (PNG unless ``path`` says otherwise)."""
         self._client.log_figure(self.run_id, fig, path)
         if close and getattr(getattr(fig, "canvas", None), "manager", None) is not None:  # pyplot figure
@@ -146,7 +152,7 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 class _NullClient:
     """Accepts every MLflow client call and does nothing."""
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Callable[..., None]:
         return _noop
 
 
@@ -221,7 +227,7 @@ class Tracker:
             self.experiment_id = exp.experiment_id
 
     @classmethod
-    def from_config(cls, tracking_cfg: Any, default_experiment: str,
+    def from_config(cls, tracking_cfg: TrackingConfig | None, default_experiment: str,
                     workdir: Path) -> "Tracker | NullTracker":
         """Build from a :class:`~specmoe.config.schema.TrackingConfig` (``None``: defaults).
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from specmoe.config.schema import Component
 
 __all__ = ["env_params", "code_version", "source_hash", "git_info", "plugin_params", "hardware", "PACKAGES"]
 
@@ -101,7 +104,7 @@ def _package_root(module_name: str) -> Path | None:
     return path.parent if path.name == "__init__.py" else path
 
 
-def code_version(components: Iterable[Any] = ()) -> dict[str, Any]:
+def code_version(components: Iterable[Component | None] = ()) -> dict[str, Any]:
     """The code that computes a result: ``{"specmoe": version, "source": hash, "plugins": {package: hash}}``.
 
     ``source`` is :func:`source_hash` of the installed ``specmoe`` package; ``plugins`` holds the same hash of
@@ -130,7 +133,7 @@ def code_version(components: Iterable[Any] = ()) -> dict[str, Any]:
     return out
 
 
-def _component_root(comp: Any) -> Path | None:
+def _component_root(comp: Component) -> Path | None:
     """Where the code of the plugin a component names lives (see :func:`code_version`)."""
     from specmoe.registry import registry_for
 
@@ -155,7 +158,7 @@ def git_info() -> dict[str, Any]:
     return {"git_sha": sha.strip(), "dirty": bool(status.strip())}
 
 
-def plugin_params(components: Iterable[Any]) -> dict[str, str]:
+def plugin_params(components: Iterable[Component | None]) -> dict[str, str]:
     """``plugin.<kind>.<name>`` -> ``"<distribution> <version>"`` (or where it came from) for every
     :class:`~specmoe.config.schema.Component` used by a recipe."""
     from specmoe.registry import registry_for

@@ -12,11 +12,14 @@ import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from specmoe.errors import UserError
 from specmoe.tracking.schema import CELL_KIND
 from specmoe.tracking.uri import resolve_uri as _resolve_uri
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 __all__ = ["resolve_uri", "search_cell_runs", "json_artifacts"]
 
@@ -25,7 +28,7 @@ __all__ = ["resolve_uri", "search_cell_runs", "json_artifacts"]
 resolve_uri: Callable[..., str] = functools.partial(_resolve_uri, existing=True)
 
 
-def search_cell_runs(uri: str, experiment: str, run_id: str | None = None) -> list[Any]:
+def search_cell_runs(uri: str, experiment: str, run_id: str | None = None) -> list[Run]:
     """The FINISHED runs tagged ``specmoe.kind=cell`` of ``experiment`` (of parent ``run_id`` when given), as
     MLflow ``Run`` objects in start-time order."""
     from mlflow import MlflowClient

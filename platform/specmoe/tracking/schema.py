@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 __all__ = ["records_csv", "CELL_METRICS", "CELL_TAGS", "CELL_OPTIONAL_TAGS", "CELL_KIND", "PARENT_KIND", "ERROR_TAG",
            "ERROR_ARTIFACT", "RECIPE_HASH_TAG", "cell_tags", "cell_run_name", "flatten_params", "safe_key",
-           "MAX_TAG_VALUE", "PARAMS_PER_BATCH", "METRICS_PER_BATCH"]
+           "MAX_TAG_VALUE", "PARAMS_PER_BATCH", "METRICS_PER_BATCH", "BATCHES_ARTIFACT", "PROMPT_BATCHES"]
 
 
 def _metric_names() -> tuple[str, ...]:
@@ -38,6 +38,10 @@ CELL_KIND = "cell"
 PARENT_KIND = "recipe"
 ERROR_TAG = "specmoe.error"
 ERROR_ARTIFACT = "error.txt"
+#: a cell run's per-batch values (``CellResult.batches``): what ``platform compare`` pairs methods from
+BATCHES_ARTIFACT = "batches.json"
+#: the MLflow metric holding a cell's number of prompt batches
+PROMPT_BATCHES = "prompt_batches"
 RECIPE_HASH_TAG = "specmoe.recipe_hash"
 
 MAX_KEY = 250  # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH

@@ -12,10 +12,13 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 from urllib.parse import urlparse
 
 from specmoe.errors import UserError
+
+if TYPE_CHECKING:
+    from specmoe.config.schema import TrackingConfig
 
 __all__ = ["default_uri", "sqlite_path", "resolve_uri", "check_uri", "SUPPORTED_SCHEMES"]
 
@@ -40,7 +43,7 @@ def sqlite_path(uri: str) -> Optional[Path]:
     return Path(path) if path and path != ":memory:" else None
 
 
-def resolve_uri(uri: Any = None, workdir: Path | None = None, *, existing: bool = False) -> str:
+def resolve_uri(uri: str | TrackingConfig | None = None, workdir: Path | None = None, *, existing: bool = False) -> str:
     """``uri`` (a string, or a ``tracking`` config's ``.uri``) > ``$MLFLOW_TRACKING_URI`` >
     ``sqlite:///<workdir>/mlflow.db`` (``workdir`` default: the current directory).
 

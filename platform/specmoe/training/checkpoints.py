@@ -14,7 +14,10 @@ from __future__ import annotations
 import logging
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from specmoe.training.trainer import TrainerOptions
 
 __all__ = ["resume_checkpoint", "checkpoint_problem", "has_budget_left", "DAMAGED_SUFFIX"]
 
@@ -95,7 +98,7 @@ def resume_checkpoint(where: str | Path) -> Optional[str]:
     return str(chosen) if chosen is not None else None
 
 
-def _max_steps(trainer_options: Any) -> int:
+def _max_steps(trainer_options: TrainerOptions | dict[str, Any] | None) -> int:
     if trainer_options is None:
         return -1
     value = trainer_options.get("max_steps") if isinstance(trainer_options, dict) else \
@@ -103,7 +106,7 @@ def _max_steps(trainer_options: Any) -> int:
     return int(value) if value is not None else -1
 
 
-def has_budget_left(out_dir: str | Path, trainer_options: Any = None) -> bool:
+def has_budget_left(out_dir: str | Path, trainer_options: TrainerOptions | dict[str, Any] | None = None) -> bool:
     """Whether a failed training stage in ``out_dir`` may resume: True when it keeps no checkpoint at all
     (not a training stage: its partial outputs are its own business), False when every checkpoint is
     damaged, else whether the newest valid one is below ``trainer_options.max_steps`` (epoch budgets are

@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule, Trainer
+    from torch.utils.data import DataLoader
+
+    from specmoe.interfaces.stage import StageContext
+    from specmoe.training.trainer import TrainerOptions
 
 __all__ = ["fit_module", "train_metrics"]
 
 
-def fit_module(module: Any, loader: Any, opts: Any, out_dir: Any, ctx: Any, run_name: str,
-               save_every: int = 500, val_loader: Optional[Any] = None) -> Any:
+def fit_module(module: LightningModule, loader: DataLoader, opts: TrainerOptions, out_dir: str | Path,
+               ctx: StageContext, run_name: str, save_every: int = 500,
+               val_loader: Optional[DataLoader] = None) -> Trainer:
     """Fit with checkpoints in ``out_dir/checkpoints`` (``last.ckpt`` resumes a killed run), CSV metrics in
     ``out_dir/logs/version_<n>/metrics.csv`` and MLflow logging when tracking is on; returns the trainer.
 
@@ -43,6 +51,6 @@ def fit_module(module: Any, loader: Any, opts: Any, out_dir: Any, ctx: Any, run_
     return trainer
 
 
-def train_metrics(trainer: Any, prefix: str = "train/") -> dict[str, float]:
+def train_metrics(trainer: Trainer, prefix: str = "train/") -> dict[str, float]:
     """The trainer's last logged metrics under ``prefix``, rounded for a stage summary."""
     return {k: round(float(v), 5) for k, v in trainer.callback_metrics.items() if k.startswith(prefix)}

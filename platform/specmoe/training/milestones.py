@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from lightning.pytorch.callbacks import Callback
 
 __all__ = ["accuracy_milestones"]
 
 
 def accuracy_milestones(levels: list[float], out: Path,
-                        export: Callable[[Path, Path, dict[str, Any]], Any], monitor: str = "val/acc") -> Any:
+                        export: Callable[[Path, Path, dict[str, Any]], Any], monitor: str = "val/acc") -> Callback:
     """A Lightning callback that, at the first validation whose ``monitor`` reaches each level, saves a
     weights-only checkpoint ``out/checkpoints/milestone-accNN.ckpt`` and (on rank 0) calls
     ``export(checkpoint, out / "milestones" / "accNN", {"val_acc": acc, "milestone": level})``.

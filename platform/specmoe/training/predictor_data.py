@@ -48,7 +48,7 @@ class TraceWindows(Dataset):
     def __len__(self) -> int:
         return len(self.windows)
 
-    def __getitem__(self, key: Any) -> dict[str, Any]:
+    def __getitem__(self, key: int | tuple[int, bool]) -> dict[str, Any]:
         idx, pad = key if isinstance(key, tuple) else (key, False)
         i, a, b = self.windows[idx]
         cols = self.reader.read(self.records[i], a, b, columns=("token_ids", "routing"))

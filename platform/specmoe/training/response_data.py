@@ -18,11 +18,15 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from specmoe.errors import UserError
+
+if TYPE_CHECKING:
+    from specmoe.decoding.stopping import StopRule
+    from specmoe.interfaces.target import Target
 
 __all__ = [
     "RESPONSES_FILE",
@@ -80,8 +84,8 @@ def _truncate_torn_tail(path: Path) -> None:
         path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
-def write_responses(target: Any, items: Sequence[PromptItem], path: str | Path, *, max_new_tokens: int,
-                    temperature: float = 0.0, stop: Any = None, batch_size: int = 8, seed: int = 0,
+def write_responses(target: Target, items: Sequence[PromptItem], path: str | Path, *, max_new_tokens: int,
+                    temperature: float = 0.0, stop: Optional[StopRule] = None, batch_size: int = 8, seed: int = 0,
                     progress: bool = False) -> dict[str, Any]:
     """Generate the target's responses to ``items`` and append them to ``path`` (resumable).
 

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["warmup_schedule"]
 
 
-def warmup_schedule(optimizer: Any, warmup_steps: int, total_steps: Optional[float] = None,
+def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: Optional[float] = None,
                     min_lr_ratio: Optional[float] = None) -> dict[str, Any]:
     """A Lightning ``lr_scheduler`` entry stepped at every optimizer step.
 

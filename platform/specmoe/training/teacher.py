@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.target import Target
 
 __all__ = ["teacher_forward"]
 
 
 @torch.no_grad()
-def teacher_forward(target: Any, input_ids: torch.Tensor, valid: torch.Tensor, layers: Sequence[int],
+def teacher_forward(target: Target, input_ids: torch.Tensor, valid: torch.Tensor, layers: Sequence[int],
                     out_device: torch.device, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The frozen target on a right-padded batch (its standard causal pass, no cache, autocast off).
 

@@ -24,7 +24,13 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.loggers import Logger, MLFlowLogger
+
+    from specmoe.interfaces.stage import StageContext
 
 __all__ = ["TrainerOptions", "OptimizerOptions", "build_trainer", "mlflow_logger", "resolve_precision",
            "cpu_has_native_bf16", "default_num_threads", "stage_trainer_options", "trainer_key_facts"]
@@ -139,7 +145,7 @@ def resolve_precision(precision: str, accelerator: str = "auto", work: str = "tr
     return "32-true"
 
 
-def default_num_threads(devices: Any = 1) -> int:
+def default_num_threads(devices: int | str | Sequence[int] = 1) -> int:
     """torch intra-op threads per training process: the cores this process may use, divided by the processes
     on this node (``LOCAL_WORLD_SIZE`` under torchrun, else ``devices``). Never sampled from the load."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -177,7 +183,7 @@ def trainer_key_facts(stage_cls: type, options: dict[str, Any]) -> dict[str, Any
 
 
 def build_trainer(opts: TrainerOptions, out_dir: str | Path, *, callbacks: list[Any] | None = None,
-                  logger: Any = None, **overrides: Any):
+                  logger: Logger | Iterable[Logger] | bool | None = None, **overrides: Any) -> Trainer:
     """A ``lightning.Trainer`` writing checkpoints and logs under ``out_dir`` (never ``lightning_logs/``).
 
     Resolves ``precision: auto`` and the thread count, logs both (``trainer.precision``,
@@ -217,8 +223,8 @@ def build_trainer(opts: TrainerOptions, out_dir: str | Path, *, callbacks: list[
     return L.Trainer(**kwargs)
 
 
-def mlflow_logger(ctx: Any, run_name: str, params: Optional[dict[str, Any]] = None,
-                  tags: Optional[dict[str, str]] = None) -> Any:
+def mlflow_logger(ctx: StageContext, run_name: str, params: Optional[dict[str, Any]] = None,
+                  tags: Optional[dict[str, str]] = None) -> Optional[MLFlowLogger]:
     """A Lightning ``MLFlowLogger`` for a training stage, or ``None`` when the run has no tracking.
 
     Nested under ``ctx.parent_run_id`` (in the parent's experiment) when given, else in the recipe's

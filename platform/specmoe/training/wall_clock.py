@@ -12,11 +12,15 @@ so every rerun trains for at most ``max_time`` more.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import Timer
 
 from specmoe.errors import StageIncomplete
+
+if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 __all__ = ["WallClockGuard"]
 
@@ -36,7 +40,8 @@ class WallClockGuard(Timer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Ignore the elapsed time of earlier runs: the guard limits each run."""
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: STEP_OUTPUT, batch: Any,
+                           batch_idx: int) -> None:
         stopping = trainer.should_stop
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if stopping or not trainer.should_stop or _budget_reached(trainer, batch_idx):
@@ -56,7 +61,7 @@ class WallClockGuard(Timer):
             f"(each run trains for at most max_time), or remove trainer.max_time to train to the end")
 
 
-def _budget_reached(trainer: Any, batch_idx: int) -> bool:
+def _budget_reached(trainer: Trainer, batch_idx: int) -> bool:
     """Whether the batch that just ended was the last one of the step / epoch budget."""
     if trainer.max_steps is not None and trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps:
         return True

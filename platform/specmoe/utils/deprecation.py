@@ -18,7 +18,7 @@ import importlib.util
 import sys
 import warnings
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 __all__ = ["moved_names", "REMOVED_IN", "MOVED", "MOVED_MODULES", "MOVED_PACKAGES", "install_aliases"]
 
@@ -69,6 +69,8 @@ MOVED: dict[str, tuple[str, list[str] | None, str | None]] = {
     # tables and figures moved to the evaluation side (tracking/ is the MLflow adapter only)
     "specmoe.tracking.compare": ("specmoe.evaluation.report_tables", None, None),
     "specmoe.tracking.plots": ("specmoe.evaluation.report_plots", None, None),
+    # the evaluation of predictors on traces beside the routing metrics it uses (no traces <-> training loop)
+    "specmoe.traces.evaluate": ("specmoe.training.trace_eval", None, None),
     # core modules moved into a built-in plugin's folder (issue 24.1)
     "specmoe.bench.cost_calibration": (f"{_GOODPUT}.calibration",
                                        ["grid", "calibrate", "shape_of", "fit_split", "engine_check"], None),
@@ -188,7 +190,7 @@ class _AliasLoader(importlib.abc.Loader):
             module.__all__ = []
             module.MOVED = {k: v for k, v in MOVED_MODULES.items() if k.startswith(old + ".")}
 
-            def getattr_(name: str) -> Any:
+            def getattr_(name: str) -> ModuleType:
                 if f"{old}.{name}" in MOVED_MODULES:
                     return importlib.import_module(f"{old}.{name}")
                 raise AttributeError(f"module {old!r} has no attribute {name!r} (a deprecated alias package; "
@@ -209,7 +211,7 @@ class _AliasLoader(importlib.abc.Loader):
 class _AliasFinder(importlib.abc.MetaPathFinder):
     """Finds exactly the old names of the three tables (every other name is left to the other finders)."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
                   ) -> importlib.machinery.ModuleSpec | None:
         if fullname in MOVED or fullname in MOVED_MODULES:
             return importlib.util.spec_from_loader(fullname, _AliasLoader())

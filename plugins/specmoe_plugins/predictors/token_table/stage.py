@@ -32,8 +32,8 @@ class BuildTokenTable(Stage):
         """tokens seen fewer times use the global fallback."""
 
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
-        from specmoe.traces.evaluate import evaluate_lookup
         from specmoe.traces.format import TraceReader
+        from specmoe.training.trace_eval import evaluate_lookup
         from specmoe.utils.dist import dist_info
         from specmoe_plugins.predictors.token_table.table import build_token_table
 

@@ -15,11 +15,16 @@ Command line: ``platform traces evaluate`` (:mod:`specmoe.cli.traces`).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from specmoe.traces.format import TraceReader
+
+if TYPE_CHECKING:
+    from specmoe.interfaces.drafter import Drafter
+    from specmoe.interfaces.predictor import Predictor
+    from specmoe.interfaces.target import Target
 
 __all__ = ["chain_tree", "sample_features", "evaluate_predictor", "evaluate_lookup"]
 
@@ -39,7 +44,7 @@ def chain_tree(tokens: torch.Tensor, features: Optional[torch.Tensor] = None):
 
 
 @torch.no_grad()
-def sample_features(drafter: Any, target: Any, ids: torch.Tensor, depth: int = 1) -> torch.Tensor:
+def sample_features(drafter: Drafter, target: Target, ids: torch.Tensor, depth: int = 1) -> torch.Tensor:
     """``[T, F]`` teacher-forced node features of one sample's tokens ``ids [T]`` at tree depth ``depth``."""
     from specmoe.training.teacher import teacher_forward
 
@@ -61,9 +66,10 @@ def _committed(tokens: torch.Tensor, start: int, first: bool):
 
 
 @torch.no_grad()
-def evaluate_predictor(predictor: Any, reader: TraceReader, split: str = "test", *, chunk: int = 32,
+def evaluate_predictor(predictor: Predictor, reader: TraceReader, split: str = "test", *, chunk: int = 32,
                        max_samples: Optional[int] = None, device: torch.device | str = "cpu",
-                       drafter: Any = None, target: Any = None, feature_depth: int = 1) -> dict[str, Any]:
+                       drafter: Drafter | None = None, target: Target | None = None,
+                       feature_depth: int = 1) -> dict[str, Any]:
     """Top-K overlap accuracy of ``predictor`` (already ``setup``) on ``split`` of the traces.
 
     ``drafter`` (set up on ``target``) provides the node features of predictors with ``uses_draft_features``.
@@ -103,7 +109,8 @@ def evaluate_predictor(predictor: Any, reader: TraceReader, split: str = "test",
             "tokens": int(metric.tokens), "samples": len(records)}
 
 
-def evaluate_lookup(lookup: Any, reader: TraceReader, split: str = "test") -> dict[str, Any]:
+def evaluate_lookup(lookup: Callable[[torch.Tensor], torch.Tensor], reader: TraceReader,
+                    split: str = "test") -> dict[str, Any]:
     """Accuracy of a context-free predictor ``lookup(ids [T]) -> [T, L, K]`` (e.g. a token table)."""
     from specmoe.decoding.expert_sets import indices_to_sets
     from specmoe.training.routing_metrics import TopKRoutingAccuracy
