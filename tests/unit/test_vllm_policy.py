@@ -382,11 +382,28 @@ def test_the_proposal_is_the_best_fixed_length_while_speculation_pays(tmp_path):
         assert pol.decide(rows).k_next == 0
 
 
+def test_a_shorter_proposal_must_beat_the_longest_by_the_tolerance(tmp_path):
+    """K_next: where a shorter proposal's expected rate is above a longer one's by less than the tolerance (2
+    drafts 1.5 % over 3 here), the longer one is proposed; without a tolerance, or where the shorter one's gain is
+    larger (5.7 %), the shorter one."""
+    rows = [P.Row("a", [], 10, 5)]
+
+    def k_next(draft_steps, tol):
+        cost = {"fixed": 1e-3, "tokens": 1e-4, "draft_steps": draft_steps}
+        pol = P.GoodputPolicy(_spec(tmp_path, cost=cost, tolerance=tol), 3, online=False)
+        rates = pol._plan_rates(rows, 0, pooled=True)
+        return pol.decide(rows).k_next, rates[2] / rates[3]
+
+    assert k_next(3e-4, 0.0)[0] == 2 and 1.0 < k_next(3e-4, 0.0)[1] < 1.02
+    assert k_next(3e-4, 0.02)[0] == 3
+    assert k_next(5e-4, 0.02)[0] == 2 and k_next(5e-4, 0.02)[1] > 1.02
+
+
 def test_the_fixed_reference_is_planned_again_after_ref_steps(tmp_path):
     """The best fixed length is kept for ``REF_STEPS`` steps, then planned again from the shared rates: after the
     third draft stops being accepted by every request, the reference falls with it."""
     cost = {"fixed": 1e-3, "tokens": 1e-4, "draft_steps": 2e-4}
-    pol = P.GoodputPolicy(_spec(tmp_path, cost=cost, tolerance=0.5), 3, online=False)
+    pol = P.GoodputPolicy(_spec(tmp_path, cost=cost, tolerance=0.01), 3, online=False)
     rows = [P.Row("a", [], 10, 5)]
     assert pol.decide(rows).k_next == 3
     for i in range(60):  # other requests: two drafts accepted, never the third (the shared rates fall)
