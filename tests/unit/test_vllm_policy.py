@@ -399,6 +399,15 @@ def test_a_shorter_proposal_must_beat_the_longest_by_the_tolerance(tmp_path):
     assert k_next(5e-4, 0.02)[0] == 2 and k_next(5e-4, 0.02)[1] > 1.02
 
 
+def test_the_longest_length_within_the_tolerance_still_beats_the_floor(tmp_path):
+    """The guard band between proposal lengths never takes a length under plain decoding's rate (which carries the
+    tolerance): of lengths within the tolerance of the best, only those over the floor count."""
+    pol = P.GoodputPolicy(_spec(tmp_path, tolerance=0.05), 3, online=False)
+    assert pol._longest_within({0: 100.0, 1: 104.0, 2: 101.0, 3: 99.5}) == 2
+    assert pol._longest_within({0: 100.0, 1: 104.0, 2: 103.0, 3: 102.0}) == 3
+    assert pol._longest_within({0: 100.0, 1: 99.0, 2: 98.0, 3: 97.0}) == 0
+
+
 def test_the_fixed_reference_is_planned_again_after_ref_steps(tmp_path):
     """The best fixed length is kept for ``REF_STEPS`` steps, then planned again from the shared rates: after the
     third draft stops being accepted by every request, the reference falls with it."""

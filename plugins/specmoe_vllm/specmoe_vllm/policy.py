@@ -695,7 +695,8 @@ class GoodputPolicy:
         best = max(rates, key=lambda kn: (rates[kn], -kn))
         if best == 0:
             return 0
-        floor = rates[best] / (1 + self.spec.tolerance)
+        # within the tolerance of the best, and still over plain decoding's rate (which carries the tolerance)
+        floor = max(rates[best] / (1 + self.spec.tolerance), rates.get(0, -1.0))
         return max(kn for kn, r in rates.items() if kn > 0 and r >= floor)
 
     def _reference(self, rows: Sequence[Row], least: int) -> int:
