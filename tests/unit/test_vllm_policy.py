@@ -355,6 +355,45 @@ def test_kept_gains_pick_the_path_of_gains_recomputed_every_pick(tmp_path):
     assert differ > 0  # the expert gains changed some choices (else this test would not test them)
 
 
+def test_the_all_drafts_shortcut_decides_as_the_greedy_path(tmp_path, monkeypatch):
+    """``GoodputPolicy._all_or_nothing`` (every draft pays at the rate of verifying them all, so the greedy path's
+    best prefix is all of them, or none) gives the choice, rate and shape of the greedy path it skips, and is taken
+    in some steps and not in others (both paths exercised)."""
+    rnd = random.Random(5)
+    tokens = [10, 11, 12, 13, 20, 21, 22, 23, 5]
+    taken = skipped = 0
+    shortcut = P.GoodputPolicy._all_or_nothing
+    for case in range(240):
+        cost = {"fixed": 1e-3, "tokens": rnd.choice([1e-5, 1e-4, 4e-4, 1e-3]), "rows": rnd.choice([0.0, 2e-4]),
+                "expert_layers": rnd.choice([0.0, 2e-5, 2e-4]), "kv_slots": 0.0, "draft_steps": 1e-4,
+                "spec_pass": rnd.choice([0.0, 5e-4]), "sampled_tokens": rnd.choice([0.0, 1e-4])}
+        spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.3), tolerance=rnd.choice([0.0, 0.01]))
+        pol = P.GoodputPolicy(spec, 3, expert_cost=rnd.random() < 0.7, online=False, plain_steps=rnd.random() < 0.5)
+        rows = [P.Row(f"r{i}", [rnd.choice(tokens) for _ in range(rnd.randrange(0, 4))], rnd.choice(tokens),
+                      sampled=rnd.random() < 0.3) for i in range(rnd.randrange(1, 7))]
+        for r in rows:
+            for _ in range(rnd.randrange(0, 6)):
+                pol.observe_step([(r.req, r.sampled, 3, rnd.randrange(0, 4))])
+        avail = {r.req: len(r.drafts) for r in rows}
+        k_next = rnd.choice([0, 1, 3])
+        forced = [r.req for r in rows if rnd.random() < 0.15]
+        got = {}
+
+        def spy(*a, pol=pol, got=got, **k):
+            got["full"] = shortcut(pol, *a, **k)
+            return got["full"]
+
+        monkeypatch.setattr(pol, "_all_or_nothing", spy)
+        fast = pol._choose(rows, avail, k_next, forced)
+        monkeypatch.setattr(pol, "_all_or_nothing", lambda *a, **k: None)
+        slow = pol._choose(rows, avail, k_next, forced)
+        assert fast[0] == slow[0] and fast[1] == pytest.approx(slow[1], rel=1e-12), case
+        assert fast[2] == slow[2] and fast[3] == pytest.approx(slow[3], rel=1e-12), case
+        taken += got.get("full") is not None
+        skipped += "full" in got and got["full"] is None
+    assert taken > 40 and skipped > 20, (taken, skipped)
+
+
 def test_a_shorter_choice_must_beat_verifying_every_draft_by_the_tolerance(tmp_path):
     """The guard band: a token cost where verifying two of three drafts is expected to beat all three by ~0.5 %.
     Without a tolerance (or one under the gain) the shorter choice wins; with 1 % every draft is verified."""

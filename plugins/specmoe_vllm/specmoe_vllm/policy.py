@@ -23,12 +23,13 @@ table takes the table's fallback row). The expert term off (``expert_cost = Fals
 
 The choice is a greedy path: from all-zero (plain decoding, the AR floor) it adds, one at a time, the next draft
 of the request whose addition gives the highest rate, up to every draft, and keeps the prefix of that path with
-the highest rate; speculation is kept only where it beats the all-zero rate by the tolerance. The same tolerance
-is a guard band between speculative choices: a shorter choice than every proposed draft (what a fixed
-configuration verifies) must beat it by the tolerance too (gains under it are within the models' error; switching
-for them cost more than it won). ``K_next`` is the best fixed length for the shared rates whenever speculating
-beats the floor for the batch's requests (:meth:`GoodputPolicy._plan`), with the same guard band: the longest
-length within the tolerance of the best.
+the highest rate (where every draft pays for itself at the rate of all of them, the path is not walked: that is
+its result, :meth:`GoodputPolicy._all_or_nothing`); speculation is kept only where it beats the all-zero rate by
+the tolerance. The same tolerance is a guard band between speculative choices: a shorter choice than every
+proposed draft (what a fixed configuration verifies) must beat it by the tolerance too (gains under it are within
+the models' error; switching for them cost more than it won). ``K_next`` is the best fixed length for the shared
+rates whenever speculating beats the floor for the batch's requests (:meth:`GoodputPolicy._plan`), with the same
+guard band: the longest length within the tolerance of the best.
 
 On the floor nothing is drafted, so nothing is learned: one unlucky step (a rejected first draft lowers that
 request's factor) could keep a request on the floor for good. So after ``PROBE_FIRST`` consecutive floor steps
@@ -270,11 +271,19 @@ class Acceptance:
             self.hits[kind] = [a * strength for a in r]
             self.trials[kind] = [strength] * positions
         self._req: dict[str, list[float]] = {}  # request -> [accepted, expected]
+        self._rates: dict[str, list[float]] = {}  # kind -> its rates, until the next observation of that kind
+
+    def rates(self, kind: str) -> list[float]:
+        """Every position's :meth:`rate` (kept until the kind's next observation: a step reads them once per
+        request and per plan, ~10 us a step at batch 8 when divided again each time)."""
+        r = self._rates.get(kind)
+        if r is None:
+            r = self._rates[kind] = [h / t if t > 0 else 0.0 for h, t in zip(self.hits[kind], self.trials[kind])]
+        return r
 
     def rate(self, kind: str, pos: int) -> float:
         """P(draft at 0-based position ``pos`` accepted | the one before it accepted)."""
-        t = self.trials[kind][pos]
-        return self.hits[kind][pos] / t if t > 0 else 0.0
+        return self.rates(kind)[pos]
 
     def factor(self, req: str) -> float:
         acc, exp = self._req.get(req, (0.0, 0.0))
@@ -286,8 +295,9 @@ class Acceptance:
         ``pooled``: without it, the rates every request shares)."""
         f = 1.0 if pooled else self.factor(req)
         out, p = [], 1.0
-        for i in range(k):
-            p *= min(self.rate(kind, i) * f, 1.0)
+        for a in self.rates(kind)[:k]:
+            a *= f
+            p *= a if a < 1.0 else 1.0
             out.append(p)
         return out
 
@@ -297,10 +307,13 @@ class Acceptance:
             return
         accepted = max(0, min(accepted, drafted))
         seen = min(accepted + 1, drafted)  # positions whose outcome the step shows
-        expected = sum(self.rate(kind, i) for i in range(seen))
+        expected = sum(self.rates(kind)[:seen])
+        hits, trials = self.hits[kind], self.trials[kind]
         for i in range(seen):
-            self.trials[kind][i] += 1
-            self.hits[kind][i] += 1 if i < accepted else 0
+            trials[i] += 1
+        for i in range(accepted):
+            hits[i] += 1
+        self._rates.pop(kind, None)
         r = self._req.setdefault(req, [0.0, 0.0])
         r[0] += accepted
         r[1] += expected
@@ -353,7 +366,7 @@ class OnlineCost:
         self._w = 0.0  # steps in the window
         self._run: list[Any] | None = None  # the open run of one shape: [shape, kv sum, seconds sum, steps]
         n = len(COST_TERMS)
-        self._ata = [[0.0] * n for _ in range(n)]  # sum over the window of w (x / y)(x / y)^T
+        self._ata = [[0.0] * n for _ in range(n)]  # sum over the window of w (x / y)(x / y)^T (upper triangle)
         self._atb = [0.0] * n  # sum of w x / y
         self._sx = [0.0] * n  # sum of w x
         self._sy = 0.0  # sum of w y
@@ -361,11 +374,11 @@ class OnlineCost:
     def _account(self, x: list[float], y: float, weight: float) -> None:
         nz = [(i, v / y, v) for i, v in enumerate(x) if v != 0.0]  # a floor step leaves some terms at 0
         atb, sx, ata = self._atb, self._sx, self._ata
-        for i, ri, xi in nz:
+        for n, (i, ri, xi) in enumerate(nz):
             atb[i] += weight * ri
             sx[i] += weight * xi
             a, wri = ata[i], weight * ri
-            for j, rj, _ in nz:
+            for j, rj, _ in nz[n:]:  # the upper triangle (i <= j): the matrix is symmetric
                 a[j] += wri * rj
         self._sy += weight * y
 
@@ -419,7 +432,7 @@ class OnlineCost:
         active = list(range(n))
         coef = [0.0] * n
         for _ in range(n):
-            ata = [[self._ata[i][j] for j in active] for i in active]
+            ata = [[self._ata[min(i, j)][max(i, j)] for j in active] for i in active]
             atb = [self._atb[i] for i in active]
             for i, j in enumerate(active):
                 w = self.prior_weight / scale[j] ** 2
@@ -528,6 +541,7 @@ class GoodputPolicy:
         self.probing: set[str] = set()  # requests whose drafts of this step were proposed as a probe
         self._chain_memo: dict[tuple[str, bool, int, bool], list[float]] = {}  # this step's (decide clears it)
         self._ref_memo: dict[tuple[int, int, int], tuple[int, int]] = {}  # batch kind -> (step, fixed K_next)
+        self._grow_memo: dict[tuple[int, int], list[float]] = {}  # (rows, drafts) -> expected unions (_grow)
         self._steps = 0
 
     # -------------------------------------------------------------- pricing
@@ -563,6 +577,17 @@ class GoodputPolicy:
         t = self.spec.table
         total = t.num_layers * t.num_experts
         return known + t.unknown_union(n_unknown) * (1.0 - known / total)
+
+    def _grow(self, rows: int, n: int) -> list[float]:
+        """The expected union of ``rows`` unknown roots and 0..``n`` unknown drafts (it depends on the table only:
+        memoised)."""
+        g = self._grow_memo.get((rows, n))
+        if g is None:
+            if len(self._grow_memo) >= 4096:
+                self._grow_memo.clear()
+            u0 = self._joint(0.0, rows)
+            g = self._grow_memo[(rows, n)] = [self._joint(u0, i) for i in range(n + 1)]
+        return g
 
     def _chains(self, rows: Sequence[Row], n: int, pooled: bool = False) -> dict[str, list[float]]:
         """Per request its chain probabilities (memoised for the step: the plan and the choice read the same);
@@ -611,10 +636,21 @@ class GoodputPolicy:
                     tokens += 1
                 k[req] = avail[req]
             best = (num / t, dict(k), tokens, union.size(), spec, smp)
+        open_ = [q for q, n in avail.items() if k[q] < n]
+        if open_ and spec > 0:
+            full = self._all_or_nothing(open_, k, avail, by, chains, union, (num, t, tokens, smp))
+            if full is not None:
+                rate, tok_n, u_n, smp_n = full
+                opened = set(open_)
+                choice = {q: avail[q] if q in opened else n for q, n in k.items()}
+                if rate > best[0]:
+                    return choice, rate, ar_rate, _shape(len(rows), tok_n, u_n, kv, k_next, 1.0, smp_n)
+                rate, choice, tok_n, u_n, spec_n, smp_n = best
+                shape = _shape(len(rows), tok_n, u_n, kv, k_next, spec_n, smp_n)
+                return choice, (rate if any(choice.values()) else ar_rate), ar_rate, shape
         # The greedy path. Each open request's next draft keeps its gain current as the union grows (a gain only
         # falls by the slots an addition made new): one set operation per request and pick, not a gain per
         # candidate and pick; the path is kept as its picks (the best prefix's choice rebuilt once at the end).
-        open_ = [q for q, n in avail.items() if k[q] < n]
         drafts = {q: by[q].drafts for q in open_}
         extra = {q: c_smp if by[q].sampled else 0.0 for q in open_}
         gains = {q: union.gain(drafts[q][k[q]]) if c_exp > 0 else 0.0 for q in open_}
@@ -661,6 +697,45 @@ class GoodputPolicy:
         rate, choice, tok_n, u_n, spec_n, smp_n = best
         shape = _shape(len(rows), tok_n, u_n, kv, k_next, spec_n, smp_n)
         return choice, (rate if any(choice.values()) else ar_rate), ar_rate, shape
+
+    def _all_or_nothing(self, open_: list[str], k: dict[str, int], avail: dict[str, int], by: dict[str, Row],
+                        chains: dict[str, list[float]], union: _Union, state: tuple[float, float, float, float]
+                        ) -> tuple[float, float, float, float] | None:
+        """Where every open draft pays for itself at the rate of verifying them all, that rate, tokens, union and
+        sampled tokens; else None (the greedy path decides). Exact, for a step that speculates already (no
+        ``spec_pass`` to bring): with ``R`` the rate of all drafts verified, if each draft's chain probability is
+        at least ``R`` times its largest marginal cost (its expert gain against the union without any open
+        draft, an upper bound of its gain after any other drafts), then no subset of drafts has a higher rate
+        (adding the rest to it adds at least ``R`` tokens per second of cost), so the greedy path's best prefix
+        is all of them, or none where ``R`` does not beat the floor. At T = 0 on the demo's draft nearly every
+        step is such a step; the check is one set operation per draft instead of one per open request and pick
+        (the decision at batch 8 in ~half the host time)."""
+        num, t, tokens, smp = state
+        c_tok, c_exp, c_smp = self._coefs()
+        table = union.table is not None
+        pending = []  # (chain probability, largest marginal cost) per open draft
+        new: set[int] = set()
+        for q in open_:
+            row, c = by[q], chains[q]
+            extra = c_smp if row.sampled else 0.0
+            for i in range(k[q], avail[q]):
+                d = row.drafts[i]
+                gain = 0.0
+                if table:
+                    s = union.slots(d)
+                    gain = float(len(s - union.seen))
+                    new |= s
+                pending.append((c[i], c_tok + c_exp * gain + extra))
+                num += c[i]
+                tokens += 1
+                smp += 1.0 if row.sampled else 0.0
+                t += c_tok + extra
+        added = float(len(new - union.seen))
+        t += c_exp * added
+        rate = num / t if t > 0 else 0.0
+        if any(p < rate * cost for p, cost in pending):
+            return None
+        return rate, tokens, union.size() + added, smp
 
     def _plan(self, rows: Sequence[Row], least: int = 0) -> int:
         """K_next (at least ``least``): the best *fixed* proposal length for a batch of this kind (the best length
@@ -720,8 +795,7 @@ class GoodputPolicy:
         sampled = {r.req: r.sampled for r in rows}
         order = sorted(((p, i, sampled[q]) for q, c in chains.items() for i, p in enumerate(c)), key=lambda x: -x[0])
         c_tok, c_exp, c_smp = self._coefs()
-        u0 = self._joint(0.0, len(rows)) if c_exp > 0 else 0.0
-        grow = [self._joint(u0, n) for n in range(len(order) + 1)] if c_exp > 0 else [u0] * (len(order) + 1)
+        grow = self._grow(len(rows), len(order)) if c_exp > 0 else [0.0] * (len(order) + 1)
         # the cost is linear in the shape: the proposal adds its draft passes and, where it speculates, the
         # speculative machinery to the pass priced once
         t_base = self._seconds(len(rows), tokens, grow[0], kv, 0, 0.0, smp)
