@@ -125,15 +125,28 @@ class ExpertTable:
 
 @dataclass
 class CostTerms:
-    """Seconds per unit of each :data:`COST_TERMS` entry."""
+    """Seconds per unit of each :data:`COST_TERMS` entry (``coef`` is read once, when made: a refit makes a new
+    one)."""
 
     coef: dict[str, float]
+
+    def __post_init__(self) -> None:
+        self._c = tuple(self.coef.get(k, 0.0) for k in COST_TERMS)
 
     def seconds(self, x: dict[str, float], expert_cost: bool = True) -> float:
         s = sum(self.coef.get(k, 0.0) * x.get(k, 0.0) for k in COST_TERMS if k != "expert_layers")
         if expert_cost:
             s += self.coef.get("expert_layers", 0.0) * x.get("expert_layers", 0.0)
         return s
+
+    def price(self, rows: float, tokens: float, union: float, kv: float, k_next: float, spec: float,
+              sampled: float, expert_cost: bool) -> float:
+        """:meth:`seconds` of the shape :func:`_shape` would make of these units, without making it (the same
+        sum, in the same order: the decision prices a step several times)."""
+        f, c_rows, c_tok, c_exp, c_kv, c_draft, c_spec, c_smp = self._c
+        s = 0 + f * 1.0 + c_rows * rows + c_tok * tokens + c_kv * kv + c_draft * k_next + c_spec * spec
+        s += c_smp * sampled
+        return s + c_exp * union if expert_cost else s
 
 
 @dataclass
@@ -551,7 +564,7 @@ class GoodputPolicy:
 
     def _seconds(self, rows: int, tokens: float, union: float, kv: float, k_next: int, spec: float = 1.0,
                  sampled: float = 0.0) -> float:
-        return self.cost.current.seconds(_shape(rows, tokens, union, kv, k_next, spec, sampled), self.expert_cost)
+        return self.cost.current.price(rows, tokens, union, kv, k_next, spec, sampled, self.expert_cost)
 
     def _base(self, rows: Sequence[Row], with_union: bool = True) -> tuple[_Union, float, float, float, float]:
         """The pass without drafts: its union (roots; prefill tokens as unknown ones; empty without
