@@ -355,6 +355,18 @@ def test_kept_gains_pick_the_path_of_gains_recomputed_every_pick(tmp_path):
     assert differ > 0  # the expert gains changed some choices (else this test would not test them)
 
 
+def test_pricing_units_is_pricing_their_shape():
+    """``CostTerms.price`` (the decision's pricing, no shape dict) is ``seconds`` of the shape ``_shape`` makes."""
+    rnd = random.Random(3)
+    for _ in range(200):
+        cost = P.CostTerms({k: rnd.choice([0.0, rnd.uniform(1e-6, 1e-2)]) for k in P.COST_TERMS})
+        units = (rnd.randrange(1, 9), rnd.uniform(1, 48), rnd.uniform(0, 200), rnd.uniform(0, 1e4), rnd.randrange(6),
+                 rnd.choice([0.0, 1.0]), rnd.uniform(0, 48))
+        for expert_cost in (True, False):
+            assert cost.price(*units, expert_cost) == pytest.approx(cost.seconds(P._shape(*units), expert_cost),
+                                                                     rel=1e-12)
+
+
 def test_the_all_drafts_shortcut_decides_as_the_greedy_path(tmp_path, monkeypatch):
     """``GoodputPolicy._all_or_nothing`` (every draft pays at the rate of verifying them all, so the greedy path's
     best prefix is all of them, or none) gives the choice, rate and shape of the greedy path it skips, and is taken
