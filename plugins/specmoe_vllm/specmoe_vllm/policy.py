@@ -134,19 +134,20 @@ class CostTerms:
         self._c = tuple(self.coef.get(k, 0.0) for k in COST_TERMS)
 
     def seconds(self, x: dict[str, float], expert_cost: bool = True) -> float:
-        s = sum(self.coef.get(k, 0.0) * x.get(k, 0.0) for k in COST_TERMS if k != "expert_layers")
-        if expert_cost:
-            s += self.coef.get("expert_layers", 0.0) * x.get("expert_layers", 0.0)
-        return s
+        """A step of shape ``x`` (units per term, :func:`_shape`)."""
+        return self._dot([x.get(k, 0.0) for k in COST_TERMS], expert_cost)
 
     def price(self, rows: float, tokens: float, union: float, kv: float, k_next: float, spec: float,
               sampled: float, expert_cost: bool) -> float:
-        """:meth:`seconds` of the shape :func:`_shape` would make of these units, without making it (the same
-        sum, in the same order: the decision prices a step several times)."""
+        """:meth:`seconds` of the shape :func:`_shape` would make of these units, without making it (the
+        decision prices a step several times)."""
+        return self._dot((1.0, rows, tokens, union, kv, k_next, spec, sampled), expert_cost)
+
+    def _dot(self, u: Sequence[float], expert_cost: bool) -> float:
+        """Units in :data:`COST_TERMS` order -> seconds (the expert term last, and only with ``expert_cost``)."""
         f, c_rows, c_tok, c_exp, c_kv, c_draft, c_spec, c_smp = self._c
-        s = 0 + f * 1.0 + c_rows * rows + c_tok * tokens + c_kv * kv + c_draft * k_next + c_spec * spec
-        s += c_smp * sampled
-        return s + c_exp * union if expert_cost else s
+        s = f * u[0] + c_rows * u[1] + c_tok * u[2] + c_kv * u[4] + c_draft * u[5] + c_spec * u[6] + c_smp * u[7]
+        return s + c_exp * u[3] if expert_cost else s
 
 
 @dataclass
@@ -650,17 +651,14 @@ class GoodputPolicy:
                 k[req] = avail[req]
             best = (num / t, dict(k), tokens, union.size(), spec, smp)
         open_ = [q for q, n in avail.items() if k[q] < n]
-        if open_ and spec > 0:
-            full = self._all_or_nothing(open_, k, avail, by, chains, union, (num, t, tokens, smp))
-            if full is not None:
-                rate, tok_n, u_n, smp_n = full
-                opened = set(open_)
-                choice = {q: avail[q] if q in opened else n for q, n in k.items()}
-                if rate > best[0]:
-                    return choice, rate, ar_rate, _shape(len(rows), tok_n, u_n, kv, k_next, 1.0, smp_n)
-                rate, choice, tok_n, u_n, spec_n, smp_n = best
-                shape = _shape(len(rows), tok_n, u_n, kv, k_next, spec_n, smp_n)
-                return choice, (rate if any(choice.values()) else ar_rate), ar_rate, shape
+        full = self._all_or_nothing(open_, k, avail, by, chains, union, (num, t, tokens, smp)) \
+            if open_ and spec > 0 else None
+        if full is not None:  # every open draft, or none where that does not beat the floor: no walk
+            rate, tok_n, u_n, smp_n = full
+            if rate > best[0]:
+                best = (rate, {q: avail[q] if k[q] < avail.get(q, 0) else n for q, n in k.items()}, tok_n, u_n,
+                        1.0, smp_n)
+            open_ = []
         # The greedy path. Each open request's next draft keeps its gain current as the union grows (a gain only
         # falls by the slots an addition made new): one set operation per request and pick, not a gain per
         # candidate and pick; the path is kept as its picks (the best prefix's choice rebuilt once at the end).
