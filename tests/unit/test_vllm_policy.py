@@ -370,16 +370,26 @@ def test_pricing_units_is_pricing_their_shape():
 def test_the_all_drafts_shortcut_decides_as_the_greedy_path(tmp_path, monkeypatch):
     """``GoodputPolicy._all_or_nothing`` (every draft pays at the rate of verifying them all, so the greedy path's
     best prefix is all of them, or none) gives the choice, rate and shape of the greedy path it skips, and is taken
-    in some steps and not in others (both paths exercised)."""
+    in some steps and not in others (both paths exercised); so does it where some drafts do not pay at that rate
+    but their shortfall is within the guard band's room (counted: within it in some steps, over it in others)."""
     rnd = random.Random(5)
     tokens = [10, 11, 12, 13, 20, 21, 22, 23, 5]
     taken = skipped = 0
     shortcut = P.GoodputPolicy._all_or_nothing
-    for case in range(240):
+    shares = {True: 0, False: 0}  # the shortfall counted: within the guard band's room, over it
+    shortfall = P.GoodputPolicy._shortfall
+
+    def count(short, pending, rate, c_exp, slack):
+        d = shortfall(short, pending, rate, c_exp, slack)
+        shares[d <= slack] += 1
+        return d
+
+    monkeypatch.setattr(P.GoodputPolicy, "_shortfall", staticmethod(count))
+    for case in range(480):
         cost = {"fixed": 1e-3, "tokens": rnd.choice([1e-5, 1e-4, 4e-4, 1e-3]), "rows": rnd.choice([0.0, 2e-4]),
                 "expert_layers": rnd.choice([0.0, 2e-5, 2e-4]), "kv_slots": 0.0, "draft_steps": 1e-4,
                 "spec_pass": rnd.choice([0.0, 5e-4]), "sampled_tokens": rnd.choice([0.0, 1e-4])}
-        spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.3), tolerance=rnd.choice([0.0, 0.01]))
+        spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.3), tolerance=rnd.choice([0.0, 0.01, 0.1]))
         pol = P.GoodputPolicy(spec, 3, expert_cost=rnd.random() < 0.7, online=False, plain_steps=rnd.random() < 0.5)
         rows = [P.Row(f"r{i}", [rnd.choice(tokens) for _ in range(rnd.randrange(0, 4))], rnd.choice(tokens),
                       sampled=rnd.random() < 0.3) for i in range(rnd.randrange(1, 7))]
@@ -403,7 +413,33 @@ def test_the_all_drafts_shortcut_decides_as_the_greedy_path(tmp_path, monkeypatc
         assert fast[2] == slow[2] and fast[3] == pytest.approx(slow[3], rel=1e-12), case
         taken += got.get("full") is not None
         skipped += "full" in got and got["full"] is None
-    assert taken > 40 and skipped > 20, (taken, skipped)
+    assert taken > 80 and skipped > 40, (taken, skipped)
+    assert shares[True] > 5 and shares[False] > 5, shares
+
+
+def test_the_shares_of_shared_expert_layers_are_counted_per_slot():
+    """``_shortfall``'s bit-sliced count of how many drafts add each slot gives the shortfall of a per-slot count
+    (each slot at ``c_expert / m``), up to 44 drafts over 20 or 128 slots (multiplicities past 16: five counter
+    bits)."""
+    from collections import Counter
+
+    rnd = random.Random(3)
+    deepest = 0
+    for case in range(600):
+        pending = []
+        for _ in range(rnd.randrange(1, 45)):
+            m = 0
+            for b in rnd.sample(range(rnd.choice([20, 128])), rnd.randrange(0, 17)):
+                m |= 1 << b
+            pending.append((rnd.random() * 0.8, 1e-4, m, m.bit_count()))
+        short = [d for d in pending if d[0] < 1e3 * (d[1] + 5e-5 * d[3]) and rnd.random() < 0.7]
+        per_slot = Counter(b for _, _, m, _ in pending for b in range(128) if m >> b & 1)
+        deepest = max(deepest, max(per_slot.values(), default=0))
+        want = sum(max(0.0, 1e3 * (base + 5e-5 * sum(1.0 / per_slot[b] for b in range(128) if s >> b & 1)) - p)
+                   for p, base, s, _ in short)
+        assert P.GoodputPolicy._shortfall(short, pending, 1e3, 5e-5, -1.0) == pytest.approx(want, rel=1e-12,
+                                                                                         abs=1e-12), case
+    assert deepest > 16
 
 
 def test_a_shorter_choice_must_beat_verifying_every_draft_by_the_tolerance(tmp_path):
@@ -448,6 +484,39 @@ def test_a_shorter_proposal_must_beat_the_longest_by_the_tolerance(tmp_path):
     assert k_next(3e-4, 0.0)[0] == 2 and 1.0 < k_next(3e-4, 0.0)[1] < 1.02
     assert k_next(3e-4, 0.02)[0] == 3
     assert k_next(5e-4, 0.02)[0] == 2 and k_next(5e-4, 0.02)[1] > 1.02
+
+
+def test_the_plan_beats_the_floor_as_the_full_rates_say(tmp_path):
+    """``_plan`` asks only whether the reference length beats plain decoding: where verifying all of its drafts
+    does, it takes that rate (``over_floor``, no sort of the drafts); its K_next is the one of the rates walked in
+    full, on random batches, costs and acceptance, and the short way is taken in some cases and not in others."""
+    rnd = random.Random(11)
+    short = full = 0
+    for case in range(300):
+        cost = {"fixed": 1e-3, "tokens": rnd.choice([1e-5, 1e-4, 4e-4, 1e-3]), "rows": rnd.choice([0.0, 2e-4]),
+                "expert_layers": rnd.choice([0.0, 2e-5, 2e-4]), "kv_slots": 0.0,
+                "draft_steps": rnd.choice([1e-5, 2e-4, 1e-3]), "spec_pass": rnd.choice([0.0, 5e-4]),
+                "sampled_tokens": rnd.choice([0.0, 1e-4])}
+        spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.3), tolerance=rnd.choice([0.0, 0.01, 0.1]))
+        pol = P.GoodputPolicy(spec, 3, expert_cost=rnd.random() < 0.7, online=False, plain_steps=rnd.random() < 0.5)
+        rows = [P.Row(f"r{i}", [], rnd.choice([10, 11, 20, 5]), 5, sampled=rnd.random() < 0.3)
+                for i in range(rnd.randrange(1, 7))]
+        for r in rows:
+            for _ in range(rnd.randrange(0, 6)):
+                pol.observe_step([(r.req, r.sampled, 3, rnd.randrange(0, 4))])
+        least = rnd.choice([0, 0, 1])
+        ref = pol._reference(rows, least)
+        if ref > 0:
+            quick = pol._plan_rates(rows, least, pooled=False, lengths=(0, ref), over_floor=True)
+            walked = pol._plan_rates(rows, least, pooled=False, lengths=(0, ref))
+            short += quick[ref] != walked[ref]
+            full += quick[ref] == walked[ref]
+            assert (quick[ref] > quick.get(0, -1.0)) == (walked[ref] > walked.get(0, -1.0)), case
+            assert quick.get(0) == walked.get(0), case
+        expected = ref if ref > 0 and walked[ref] > walked.get(0, -1.0) else \
+            pol._longest_within(pol._plan_rates(rows, least, pooled=False))
+        assert pol._plan(rows, least) == expected, case
+    assert short > 30 and full > 30, (short, full)
 
 
 def test_the_longest_length_within_the_tolerance_still_beats_the_floor(tmp_path):

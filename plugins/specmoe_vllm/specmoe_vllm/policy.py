@@ -23,8 +23,9 @@ table takes the table's fallback row). The expert term off (``expert_cost = Fals
 
 The choice is a greedy path: from all-zero (plain decoding, the AR floor) it adds, one at a time, the next draft
 of the request whose addition gives the highest rate, up to every draft, and keeps the prefix of that path with
-the highest rate (where every draft pays for itself at the rate of all of them, the path is not walked: that is
-its result, :meth:`GoodputPolicy._all_or_nothing`); speculation is kept only where it beats the all-zero rate by
+the highest rate (where no subset of the drafts can beat the rate of all of them by the tolerance, a bound from
+each draft's chain probability and its share of the expert-layers it adds, the path is not walked: that is its
+result, :meth:`GoodputPolicy._all_or_nothing`); speculation is kept only where it beats the all-zero rate by
 the tolerance. The same tolerance is a guard band between speculative choices: a shorter choice than every
 proposed draft (what a fixed configuration verifies) must beat it by the tolerance too (gains under it are within
 the models' error; switching for them cost more than it won). ``K_next`` is the best fixed length for the shared
@@ -100,16 +101,20 @@ class ExpertTable:
     fallback: list[list[int]]
     #: per layer and expert: P(expert among a random token's top_k) (sums to top_k per layer)
     frequency: list[list[float]]
-    #: token -> its distinct flat slots ``layer * num_experts + expert`` (key -1: the fallback row)
-    flat: dict[int, frozenset[int]] = field(default_factory=dict)
+    #: token -> its flat slots ``layer * num_experts + expert`` as the bits of an int (key -1: the fallback row)
+    masks: dict[int, int] = field(default_factory=dict)
     _unknown: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        def slots(rows: list[list[int]]) -> frozenset[int]:
-            return frozenset(layer * self.num_experts + e for layer, r in enumerate(rows) for e in r)
+        def mask(rows: list[list[int]]) -> int:
+            m = 0
+            for layer, r in enumerate(rows):
+                for e in r:
+                    m |= 1 << (layer * self.num_experts + e)
+            return m
 
-        self.flat = {t: slots(r) for t, r in self.experts.items()}
-        self.flat[-1] = slots(self.fallback)
+        self.masks = {t: mask(r) for t, r in self.experts.items()}
+        self.masks[-1] = mask(self.fallback)
 
     def of(self, token: int) -> list[list[int]]:
         return self.experts.get(int(token), self.fallback)
@@ -502,37 +507,36 @@ class Decision:
 
 
 class _Union:
-    """The pass's expert union over all MoE layers (flat ``layer * E + expert`` slots) and its size; unknown
-    draft tokens are priced separately (:meth:`GoodputPolicy._plan`). Slot sets are frozensets, so a token's gain
-    and its addition are set operations in C (a step of 8 requests x 5 drafts asks ~300 gains: in a Python loop
-    over each token's slots they cost ~0.3 ms of host work per step)."""
+    """The pass's expert union over all MoE layers (flat ``layer * E + expert`` slots, the bits of an int) and its
+    size; unknown draft tokens are priced separately (:meth:`GoodputPolicy._plan`). A token's gain and its addition
+    are a few integer operations (a step of 8 requests x 5 drafts asks ~300 gains: in a Python loop over each
+    token's slots they cost ~0.3 ms of host work per step; as frozenset operations ~0.1 ms inside vLLM)."""
 
     def __init__(self, table: ExpertTable | None):
         self.table = table
-        self.seen: set[int] = set()
+        self.seen = 0
         self.n = 0
-        self._flat: dict[int, frozenset[int]] = table.flat if table else {}
+        self._masks: dict[int, int] = table.masks if table else {}
 
     def size(self) -> float:
         return float(self.n)
 
-    def slots(self, token: int) -> frozenset[int]:
-        return self._flat.get(int(token)) or self._flat[-1]
+    def slots(self, token: int) -> int:
+        return self._masks.get(int(token)) or self._masks[-1]
 
     def gain(self, token: int) -> float:
         """New expert-layers if ``token`` joins the pass."""
         if self.table is None:
             return 0.0
-        s = self.slots(token)
-        return float(len(s) - len(s & self.seen))
+        return float((self.slots(token) & ~self.seen).bit_count())
 
-    def add(self, token: int) -> frozenset[int]:
+    def add(self, token: int) -> int:
         """Put ``token``'s experts in the pass; the slots that were new."""
         if self.table is None:
-            return frozenset()
-        new = self.slots(token) - self.seen
+            return 0
+        new = self.slots(token) & ~self.seen
         self.seen |= new
-        self.n += len(new)
+        self.n += new.bit_count()
         return new
 
 
@@ -651,7 +655,7 @@ class GoodputPolicy:
                 k[req] = avail[req]
             best = (num / t, dict(k), tokens, union.size(), spec, smp)
         open_ = [q for q, n in avail.items() if k[q] < n]
-        full = self._all_or_nothing(open_, k, avail, by, chains, union, (num, t, tokens, smp)) \
+        full = self._all_or_nothing(open_, k, avail, by, chains, union, (num, t, tokens, smp), best[0]) \
             if open_ and spec > 0 else None
         if full is not None:  # every open draft, or none where that does not beat the floor: no walk
             rate, tok_n, u_n, smp_n = full
@@ -686,7 +690,7 @@ class GoodputPolicy:
                 if new:
                     for q in open_:
                         if q != pick:
-                            gains[q] -= len(new & union.slots(drafts[q][k[q]]))
+                            gains[q] -= (new & union.slots(drafts[q][k[q]])).bit_count()
             tokens += 1
             smp += 1.0 if by[pick].sampled else 0.0
             t += pick_cost
@@ -710,43 +714,84 @@ class GoodputPolicy:
         return choice, (rate if any(choice.values()) else ar_rate), ar_rate, shape
 
     def _all_or_nothing(self, open_: list[str], k: dict[str, int], avail: dict[str, int], by: dict[str, Row],
-                        chains: dict[str, list[float]], union: _Union, state: tuple[float, float, float, float]
-                        ) -> tuple[float, float, float, float] | None:
-        """Where every open draft pays for itself at the rate of verifying them all, that rate, tokens, union and
-        sampled tokens; else None (the greedy path decides). Exact, for a step that speculates already (no
-        ``spec_pass`` to bring): with ``R`` the rate of all drafts verified, if each draft's chain probability is
-        at least ``R`` times its largest marginal cost (its expert gain against the union without any open
-        draft, an upper bound of its gain after any other drafts), then no subset of drafts has a higher rate
-        (adding the rest to it adds at least ``R`` tokens per second of cost), so the greedy path's best prefix
-        is all of them, or none where ``R`` does not beat the floor. At T = 0 on the demo's draft nearly every
-        step is such a step; the check is one set operation per draft instead of one per open request and pick
-        (the decision at batch 8 in ~half the host time)."""
-        num, t, tokens, smp = state
+                        chains: dict[str, list[float]], union: _Union, state: tuple[float, float, float, float],
+                        floor: float) -> tuple[float, float, float, float] | None:
+        """Where the greedy path would verify every open draft (or none), the rate, tokens, union and sampled
+        tokens of all of them; else None (the path decides). Exact, for a step that speculates already (no
+        ``spec_pass`` to bring); ``floor``: the rate a choice must beat (plain decoding's with the tolerance).
+
+        With ``R`` the rate of all drafts verified, ``b`` the cost without them, and ``l_i`` per draft a cost such
+        that every subset ``S`` of the drafts costs at least ``b + sum_{i in S} l_i`` and all of them exactly ``b +
+        sum_i l_i``: any subset's rate is at most ``R + D / b``, ``D = sum_i max(0, R l_i - p_i)`` (``p_i`` the
+        draft's chain probability; its tokens fall short of ``R`` times its cost by the rest's ``p_i - R l_i``).
+        ``D = 0`` (every draft pays for itself at ``R``): no subset beats ``R``, so the path's best prefix is all
+        of them, or none where ``R`` does not beat the floor. ``D <= tolerance x R x b`` and ``R`` over the floor:
+        no prefix beats ``R`` by the tolerance, and the path's guard band verifies all of them. ``l_i``: the
+        draft's token cost, sampled-token cost, and each expert-layer it adds to the union without drafts at
+        ``c_expert / m``, ``m`` the number of open drafts that add that expert-layer (one shared by ``m`` drafts is
+        paid once however many of them a subset takes). Each draft is first charged its whole gain (no counting,
+        an upper bound of ``l_i``); the shares are counted only where that leaves a shortfall. At T = 0 on the
+        demo's draft nearly every step is decided here: one set operation per draft instead of one per open
+        request and pick."""
+        num, t0, tokens, smp = state
         c_tok, c_exp, c_smp = self._coefs()
         table = union.table is not None
-        pending = []  # (chain probability, largest marginal cost) per open draft
-        new: set[int] = set()
+        pending = []  # (chain probability, token and sampled cost, slots it adds to the union without drafts, their
+        new = 0       # number)
+        unseen = ~union.seen
+        t = t0
         for q in open_:
             row, c = by[q], chains[q]
             extra = c_smp if row.sampled else 0.0
             for i in range(k[q], avail[q]):
-                d = row.drafts[i]
-                gain = 0.0
-                if table:
-                    s = union.slots(d)
-                    gain = float(len(s - union.seen))
-                    new |= s
-                pending.append((c[i], c_tok + c_exp * gain + extra))
+                s = union.slots(row.drafts[i]) & unseen if table else 0
+                new |= s
+                pending.append((c[i], c_tok + extra, s, s.bit_count()))
                 num += c[i]
                 tokens += 1
                 smp += 1.0 if row.sampled else 0.0
                 t += c_tok + extra
-        added = float(len(new - union.seen))
+        added = float(new.bit_count())
         t += c_exp * added
         rate = num / t if t > 0 else 0.0
-        if any(p < rate * cost for p, cost in pending):
-            return None
+        short = [d for d in pending if d[0] < rate * (d[1] + c_exp * d[3])]
+        if short:
+            slack = self.spec.tolerance * rate * t0 * (1.0 - 1e-9)  # the guard band's room, less rounding
+            if not rate > floor * (1.0 + 1e-12) or self._shortfall(short, pending, rate, c_exp, slack) > slack:
+                return None
         return rate, tokens, union.size() + added, smp
+
+    @staticmethod
+    def _shortfall(short: list[tuple[float, float, int, int]], pending: list[tuple[float, float, int, int]],
+                   rate: float, c_exp: float, slack: float) -> float:
+        """``D`` of :meth:`_all_or_nothing` over the ``short`` drafts (chain probability, token cost, the slots it
+        adds as bits and their number; those of ``pending`` that fall short when charged their whole gain):
+        charged their whole gain where that is within ``slack``, else their shares."""
+        d = sum(rate * (base + c_exp * n) - p for p, base, _, n in short)
+        if d <= slack or c_exp <= 0:
+            return d
+        # per slot, how many pending drafts add it: a bit-sliced counter (bit j of the count in counts[j]) ...
+        counts: list[int] = []
+        for _, _, s, _ in pending:
+            carry, j = s, 0
+            while carry:
+                if j == len(counts):
+                    counts.append(0)
+                c = counts[j]
+                counts[j], carry = c ^ carry, c & carry
+                j += 1
+        # ... and the slots added by exactly m of them, per m
+        levels = []
+        for m in range(1, len(pending) + 1):
+            exact = ~0
+            for j, c in enumerate(counts):
+                exact &= c if m >> j & 1 else ~c
+            if m >> len(counts):
+                break
+            if exact:
+                levels.append((exact, 1.0 / m))
+        return sum(max(0.0, rate * (base + c_exp * sum((s & e).bit_count() * w for e, w in levels)) - p)
+                   for p, base, s, _ in short)
 
     def _plan(self, rows: Sequence[Row], least: int = 0) -> int:
         """K_next (at least ``least``): the best *fixed* proposal length for a batch of this kind (the best length
@@ -766,7 +811,7 @@ class GoodputPolicy:
         at ~0.7x its measured cost, vLLM on a Zen 4, and every batch took its first 8 steps plain)."""
         ref = self._reference(rows, least)
         if ref > 0:
-            rates = self._plan_rates(rows, least, pooled=False, lengths=(0, ref))
+            rates = self._plan_rates(rows, least, pooled=False, lengths=(0, ref), over_floor=True)
             if rates[ref] > rates.get(0, -1.0):
                 return ref
         return self._longest_within(self._plan_rates(rows, least, pooled=False))
@@ -797,27 +842,48 @@ class GoodputPolicy:
         self._ref_memo[key] = (self._steps, ref)
         return ref
 
-    def _plan_rates(self, rows: Sequence[Row], least: int, pooled: bool, lengths: Iterable[int] | None = None
-                    ) -> dict[int, float]:
+    def _plan_rates(self, rows: Sequence[Row], least: int, pooled: bool, lengths: Iterable[int] | None = None,
+                    over_floor: bool = False) -> dict[int, float]:
         """Proposal length ``K_next`` in ``min(least, K)..K`` (only those of ``lengths`` where given) -> its
-        expected rate (plain decoding's with the tolerance)."""
+        expected rate (plain decoding's with the tolerance). ``over_floor``: a length's rate may instead be any
+        rate it reaches above plain decoding's (that of all its drafts verified, when that is above: no sort, no
+        walk over the drafts; :meth:`_plan` only asks whether a length beats the floor)."""
         _, tokens, kv, num, smp = self._base(rows, with_union=False)
         chains = self._chains(rows, self.K, pooled)
-        sampled = {r.req: r.sampled for r in rows}
-        order = sorted(((p, i, sampled[q]) for q, c in chains.items() for i, p in enumerate(c)), key=lambda x: -x[0])
         c_tok, c_exp, c_smp = self._coefs()
-        grow = self._grow(len(rows), len(order)) if c_exp > 0 else [0.0] * (len(order) + 1)
         # the cost is linear in the shape: the proposal adds its draft passes and, where it speculates, the
         # speculative machinery to the pass priced once
+        n_all = sum(len(c) for c in chains.values())
+        grow = self._grow(len(rows), n_all) if c_exp > 0 else [0.0] * (n_all + 1)
         t_base = self._seconds(len(rows), tokens, grow[0], kv, 0, 0.0, smp)
         coef = self.cost.current.coef
         c_draft, c_spec = coef.get("draft_steps", 0.0), coef.get("spec_pass", 0.0)
-        rates = {}
         span = range(min(least, self.K), self.K + 1)
-        for kn in (span if lengths is None else [kn for kn in lengths if kn in span]):
-            t = t_base + c_draft * kn + c_spec * self._spec(kn > 0)
-            rate = num / t * (1 + self.spec.tolerance) if kn == 0 else -1.0
-            got, n = num, 0
+        todo = [kn for kn in (span if lengths is None else lengths) if kn in span]
+        rates = {}
+        if 0 in todo:
+            rates[0] = num / (t_base + c_spec * self._spec(False)) * (1 + self.spec.tolerance)
+        order = None
+        for kn in todo:
+            if kn == 0:
+                continue
+            t = t_base + c_draft * kn + c_spec * self._spec(True)
+            if over_floor:
+                got, n, sampled_n = num, 0, 0
+                for r in rows:
+                    c = chains[r.req][:kn]
+                    got += sum(c)
+                    n += len(c)
+                    sampled_n += len(c) if r.sampled else 0
+                r_all = got / (t + c_smp * sampled_n + c_tok * n + c_exp * (grow[n] - grow[0] if c_exp > 0 else 0.0))
+                if r_all > rates.get(0, -1.0) * (1 + 1e-12):
+                    rates[kn] = r_all
+                    continue
+            if order is None:
+                sampled = {r.req: r.sampled for r in rows}
+                order = sorted(((p, i, sampled[q]) for q, c in chains.items() for i, p in enumerate(c)),
+                               key=lambda x: -x[0])
+            rate, got, n = -1.0, num, 0
             for p, i, is_sampled in order:
                 if i >= kn:
                     continue
