@@ -739,18 +739,24 @@ class GoodputPolicy:
         pending = []  # (chain probability, token and sampled cost, slots it adds to the union without drafts, their
         new = 0       # number)
         unseen = ~union.seen
+        masks = union._masks
+        fallback = masks.get(-1, 0)
         t = t0
         for q in open_:
-            row, c = by[q], chains[q]
-            extra = c_smp if row.sampled else 0.0
-            for i in range(k[q], avail[q]):
-                s = union.slots(row.drafts[i]) & unseen if table else 0
-                new |= s
-                pending.append((c[i], c_tok + extra, s, s.bit_count()))
-                num += c[i]
-                tokens += 1
-                smp += 1.0 if row.sampled else 0.0
-                t += c_tok + extra
+            row, lo, hi = by[q], k[q], avail[q]
+            c = chains[q][lo:hi]
+            base = c_tok + (c_smp if row.sampled else 0.0)
+            if table:
+                for d, p in zip(row.drafts[lo:hi], c):
+                    s = (masks.get(d) or fallback) & unseen
+                    new |= s
+                    pending.append((p, base, s, s.bit_count()))
+            else:
+                pending.extend((p, base, 0, 0) for p in c)
+            num += sum(c)
+            tokens += len(c)
+            smp += float(len(c)) if row.sampled else 0.0
+            t += base * len(c)
         added = float(new.bit_count())
         t += c_exp * added
         rate = num / t if t > 0 else 0.0
@@ -772,7 +778,9 @@ class GoodputPolicy:
             return d
         # per slot, how many pending drafts add it: a bit-sliced counter (bit j of the count in counts[j]) ...
         counts: list[int] = []
+        every = 0
         for _, _, s, _ in pending:
+            every |= s
             carry, j = s, 0
             while carry:
                 if j == len(counts):
@@ -780,16 +788,17 @@ class GoodputPolicy:
                 c = counts[j]
                 counts[j], carry = c ^ carry, c & carry
                 j += 1
-        # ... and the slots added by exactly m of them, per m
-        levels = []
-        for m in range(1, len(pending) + 1):
-            exact = ~0
-            for j, c in enumerate(counts):
-                exact &= c if m >> j & 1 else ~c
-            if m >> len(counts):
-                break
-            if exact:
-                levels.append((exact, 1.0 / m))
+        # ... split by the counter's bits into the slots of each count present (~11 at batch 8, T = 0)
+        groups = [(every, 0)] if every else []
+        for j in range(len(counts) - 1, -1, -1):
+            c, split = counts[j], []
+            for m, n in groups:
+                if m & c:
+                    split.append((m & c, n | 1 << j))
+                if m & ~c:
+                    split.append((m & ~c, n))
+            groups = split
+        levels = [(m, 1.0 / n) for m, n in groups]
         return sum(max(0.0, rate * (base + c_exp * sum((s & e).bit_count() * w for e, w in levels)) - p)
                    for p, base, s, _ in short)
 
