@@ -391,19 +391,37 @@ def _wrap_prepare_inputs(runner: Any, stats: dict[str, int]) -> None:
     runner._prepare_inputs = _prepare_inputs
 
 
+def _aux_holder(runner: Any) -> Any:
+    """The module that captures the target's auxiliary hidden states for EAGLE-3 (``aux_hidden_state_layers``,
+    found as vLLM's ``set_aux_hidden_state_layers`` finds it), or None."""
+    try:
+        model = runner.get_model()
+    except Exception:  # noqa: BLE001 - no model: nothing to switch off
+        return None
+    parent = model.get_language_model() if hasattr(model, "get_language_model") else \
+        getattr(model, "language_model", model)
+    holder = getattr(parent, "model", parent)
+    return holder if isinstance(getattr(holder, "aux_hidden_state_layers", None), tuple) else None
+
+
 def _wrap_plain_steps(runner: Any, drafter: Any) -> None:
     """A step that verifies nothing, proposes nothing and holds nothing (``SchedulerOutput.specmoe_hold`` false)
     runs as vLLM runs without speculation: ``speculative_config`` is put aside from its ``execute_model`` to the
     end of its ``sample_tokens``, so vLLM builds no drafter metadata, clamps no draft placeholders, skips the
     drafter branch and leaves no draft ids for the engine to hand back (at batch 1, T = 1 on a Zen 4, measured
-    in-process: a floor step +0.34 ms over no speculation outside the target's forward before, +0.18 ms after).
-    Not with asynchronous scheduling (its bookkeeping rides on the drafter's inputs)."""
+    in-process: a floor step +0.34 ms over no speculation outside the target's forward before, +0.18 ms after);
+    and the target's forward captures no auxiliary hidden states for EAGLE-3 (no drafter pass reads them: one
+    tensor addition per captured layer, ~15 us a step at batch 1). Not with asynchronous scheduling (its
+    bookkeeping rides on the drafter's inputs)."""
     execute, sample = runner.execute_model, runner.sample_tokens
-    aside: list[Any] = []  # the configuration put aside for the step in flight
+    aside: list[tuple[Any, bool, Any, Any]] = []  # put aside for the step in flight: config, aux flag, holder, layers
+    holders: list[Any] = []  # found at the first plain step (the model is loaded by then)
 
     def restore() -> None:
         if aside:
-            runner.speculative_config = aside.pop()
+            runner.speculative_config, runner.use_aux_hidden_state_outputs, holder, layers = aside.pop()
+            if holder is not None:
+                holder.aux_hidden_state_layers = layers
 
     def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         restore()  # a step that ended in execute_model without a sample_tokens call (nothing to sample)
@@ -412,8 +430,16 @@ def _wrap_plain_steps(runner: Any, drafter: Any) -> None:
                 or any(scheduler_output.scheduled_spec_decode_tokens.values())):
             return execute(scheduler_output, *args, **kwargs)
         drafter.specmoe_unhold()
-        aside.append(runner.speculative_config)
+        if not holders:
+            holders.append(_aux_holder(runner))
+        aux = bool(getattr(runner, "use_aux_hidden_state_outputs", False))
+        holder = holders[0] if aux else None
+        aside.append((runner.speculative_config, aux, holder,
+                      holder.aux_hidden_state_layers if holder is not None else None))
         runner.speculative_config = None
+        if holder is not None:
+            runner.use_aux_hidden_state_outputs = False
+            holder.aux_hidden_state_layers = ()
         try:
             out = execute(scheduler_output, *args, **kwargs)
         except BaseException:
