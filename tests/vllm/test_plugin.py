@@ -192,6 +192,11 @@ def test_steps_that_propose_nothing_skip_the_drafter(served):
     # once the probes' back-off outlasts the requests (16 tokens each), floor steps hold nothing and run as vLLM
     # runs without speculation (drafter._wrap_plain_steps, the only place that counts unheld_steps)
     assert sum(d["unheld_steps"] for n in ("plugin", "plugin_tokens") for d in by[n].values()) > 0
+    # and each of them runs the target's forward without EAGLE-3's auxiliary hidden-state capture (switched off
+    # and back on around the step, the only place that counts aux_off_steps): among them greedy cells, whose
+    # outputs the test above compares with vLLM's without speculation
+    assert all(d["aux_off_steps"] == d["unheld_steps"] for n in ("plugin", "plugin_tokens") for d in by[n].values())
+    assert any(d["aux_off_steps"] > 0 for n in ("plugin", "plugin_tokens") for (b, t), d in by[n].items() if t == 0)
     # and the scheduler leaves most of those unpriced (the same choice, the policy's counting kept: the budget
     # test above checks every verifying step against the policy's log)
     assert sum(d["unpriced_steps"] for n in ("plugin", "plugin_tokens") for d in by[n].values()) > 0

@@ -184,7 +184,8 @@ def _make_class(base: type) -> type:
             self.specmoe_skip = bool(on and runner is not None and not self.needs_extra_input_slots)
             self.specmoe_held = _Held(self.max_num_tokens // 2)
             self._specmoe_views: dict[int, tuple[Any, Any]] = {}  # numpy views of vLLM's host buffers
-            self.specmoe_stats = {"skipped_steps": 0, "catch_up_rows": 0, "plain_steps": 0, "unheld_steps": 0}
+            self.specmoe_stats = {"skipped_steps": 0, "catch_up_rows": 0, "plain_steps": 0, "unheld_steps": 0,
+                                  "aux_off_steps": 0}
             self._specmoe_runner = runner
             if self.specmoe_skip:
                 _wrap_prepare_inputs(runner, self.specmoe_stats)
@@ -401,7 +402,8 @@ def _aux_holder(runner: Any) -> Any:
     parent = model.get_language_model() if hasattr(model, "get_language_model") else \
         getattr(model, "language_model", model)
     holder = getattr(parent, "model", parent)
-    return holder if isinstance(getattr(holder, "aux_hidden_state_layers", None), tuple) else None
+    # a plain instance attribute (what restore() writes back through __dict__)
+    return holder if isinstance(holder.__dict__.get("aux_hidden_state_layers"), tuple) else None
 
 
 def _wrap_plain_steps(runner: Any, drafter: Any) -> None:
@@ -421,7 +423,7 @@ def _wrap_plain_steps(runner: Any, drafter: Any) -> None:
         if aside:
             runner.speculative_config, runner.use_aux_hidden_state_outputs, holder, layers = aside.pop()
             if holder is not None:
-                holder.aux_hidden_state_layers = layers
+                holder.__dict__["aux_hidden_state_layers"] = layers
 
     def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         restore()  # a step that ended in execute_model without a sample_tokens call (nothing to sample)
@@ -439,7 +441,10 @@ def _wrap_plain_steps(runner: Any, drafter: Any) -> None:
         runner.speculative_config = None
         if holder is not None:
             runner.use_aux_hidden_state_outputs = False
-            holder.aux_hidden_state_layers = ()
+            # a plain attribute of the module (vLLM sets a tuple): written past nn.Module.__setattr__, whose
+            # parameter / buffer / submodule checks cost ~5 us a write here
+            holder.__dict__["aux_hidden_state_layers"] = ()
+            drafter.specmoe_stats["aux_off_steps"] += 1
         try:
             out = execute(scheduler_output, *args, **kwargs)
         except BaseException:

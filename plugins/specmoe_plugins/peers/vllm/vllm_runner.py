@@ -77,7 +77,7 @@ Output (JSON object)::
                                 choice, or the two sequences differ), "budget_checked_steps", "per_request":
                                 {"drafted": vLLM's per-step drafts per prompt, "chosen": the policy's
                                 non-zero choices per prompt}, "drafter": {"skipped_steps", "plain_steps",
-                                "catch_up_rows", "dropped_rows", "unheld_steps",
+                                "catch_up_rows", "dropped_rows", "unheld_steps", "aux_off_steps",
                                 "unpriced_steps"} (specmoe_vllm.drafter's counters, the scheduler's floor
                                 steps left unpriced; in-process
                                 engine only)}}, ...]
