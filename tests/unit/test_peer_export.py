@@ -18,13 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "specmo
 from specmoe_vllm import policy as P  # noqa: E402
 
 
-def _table_dir(root: Path, L=2, E=8, k=2) -> Path:
+def _table_dir(root: Path, L=2, E=8, k=2, **meta) -> Path:
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(0)
     d = root / "token_table"
     d.mkdir()
-    (d / "token_table.json").write_text(json.dumps({"num_layers": L, "num_experts": E, "top_k": k}))
+    (d / "token_table.json").write_text(json.dumps({"num_layers": L, "num_experts": E, "top_k": k, **meta}))
     ids = torch.arange(0, 20)
     experts = torch.stack([torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(L)]) for _ in ids])
     save_file({"token_ids": ids, "experts": experts.to(torch.int16),
@@ -50,6 +50,16 @@ def test_exported_policy_loads_in_the_plugin(tmp_path):
     assert spec.cost.coef["expert_layers"] == pytest.approx(2e-5)
     assert spec.table.num_layers == 2 and len(spec.table.experts) == 20
     assert spec.prior["greedy"] == [0.9, 0.7]
+    assert "accuracy" not in pol["experts"] and spec.table.accuracy == 1.0  # a table without test_acc
+
+
+def test_the_tables_held_out_accuracy_is_the_policys(tmp_path):
+    """The stage's ``test_acc`` (held-out top-K accuracy) becomes ``experts.accuracy``, read by the plugin."""
+    pol = export.build_policy(token_table=str(_table_dir(tmp_path, test_acc=0.73)),
+                              cost_model=str(_cost(tmp_path, fixed=1e-3, tokens=1e-4, expert_layers=2e-5)),
+                              vllm_run=None, acceptance=[0.9])
+    (tmp_path / "policy.json").write_text(json.dumps(pol))
+    assert pol["experts"]["accuracy"] == 0.73 and P.load_policy(tmp_path / "policy.json").table.accuracy == 0.73
 
 
 def test_bad_inputs_name_the_file(tmp_path):

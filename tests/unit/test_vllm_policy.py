@@ -31,12 +31,12 @@ def _table(**over):
     return d
 
 
-def _policy_dict(cost=None, prior=(0.9, 0.8, 0.7), experts=True, **over):
+def _policy_dict(cost=None, prior=(0.9, 0.8, 0.7), experts=True, accuracy=None, **over):
     d = {"format": P.FORMAT, "max_drafts": 3, "tolerance": 0.01,
          "cost": cost or {"fixed": 1e-3, "tokens": 1e-4, "expert_layers": 0.0, "kv_slots": 0.0, "draft_steps": 0.0},
          "acceptance": {"prior": {"greedy": list(prior)}, "strength": 20, "request_strength": 8}}
     if experts:
-        d["experts"] = _table()
+        d["experts"] = _table() if accuracy is None else _table(accuracy=accuracy)
     d.update(over)
     return d
 
@@ -56,6 +56,7 @@ def _spec(tmp_path, **kw):
     (lambda d: d["acceptance"]["prior"].update(greedy=[1.5]), "'acceptance.prior.greedy'"),
     (lambda d: d["experts"]["table"].__setitem__(0, [[0, 99], [0, 1]]), "'experts.table[0]'"),
     (lambda d: d["experts"].pop("fallback"), "'experts.fallback'"),
+    (lambda d: d["experts"].update(accuracy=1.5), "'accuracy'"),
     (lambda d: (d.pop("experts"), d["cost"].update(expert_layers=1e-5)), "'experts'"),
     (lambda d: d.update(cost_tokens={"fixed": 1e-3, "bogus": 1.0}), "'cost_tokens.bogus'"),
     (lambda d: d.update(cost_tokens={"fixed": 1e-3, "expert_layers": 1e-5}), "'cost_tokens.expert_layers'"),
@@ -281,6 +282,28 @@ def test_expert_term_prefers_drafts_that_share_experts(tmp_path):
     assert t.k["share"] == t.k["new"] == 3
 
 
+def test_the_table_accuracy_discounts_listed_experts(tmp_path):
+    """With the table's accuracy ``a`` the pass's expected union is ``a x`` the listed union ``+ (1 - a) x`` the
+    expected union of as many random tokens: at ``a = 0`` the two requests of the test above are priced alike
+    (their listed experts do not matter), at ``a = 1`` (a file without ``accuracy``) the listed experts decide."""
+    assert _spec(tmp_path).table.accuracy == 1.0
+    cost = {"fixed": 1e-3, "tokens": 1e-5, "expert_layers": 2.5e-4, "kv_slots": 0.0, "draft_steps": 0.0}
+    rows = [P.Row("share", [11, 12, 13], 10), P.Row("new", [20, 21, 22], 10)]
+    for a in (0.0, 0.4):
+        spec = _spec(tmp_path, cost=cost, prior=(0.5, 0.5, 0.5), accuracy=a)
+        union = P._Union(spec.table)
+        for t in (10, 20, 21, 11):
+            union.add(t)
+        listed = {(layer, e) for t in (10, 20, 21, 11) for layer, es in enumerate(spec.table.of(t)) for e in es}
+        assert union.size() == pytest.approx(a * len(listed) + (1 - a) * spec.table.unknown_union(4), rel=1e-12)
+        assert union.more(2) == pytest.approx((1 - a) * (spec.table.unknown_union(6) - spec.table.unknown_union(4)))
+        d = P.GoodputPolicy(spec, 3, online=False).decide(rows)
+        if a == 0.0:
+            assert d.k["share"] == d.k["new"]
+        else:  # the listed experts still count, at 0.4 of their weight: the sharing request verifies more
+            assert d.k["share"] > d.k["new"]
+
+
 def _rate(pol, rows, k):
     """The policy's objective for an explicit choice (the exhaustive reference)."""
     union = P._Union(pol.spec.table if pol.expert_cost else None)
@@ -294,10 +317,11 @@ def _rate(pol, rows, k):
     return num / pol._seconds(len(rows), tokens, union.size(), 0, pol.K)
 
 
-def test_greedy_choice_is_close_to_the_exhaustive_optimum(tmp_path):
+@pytest.mark.parametrize("accuracy", [None, 0.6])
+def test_greedy_choice_is_close_to_the_exhaustive_optimum(tmp_path, accuracy):
     rnd = random.Random(7)
     cost = {"fixed": 1e-3, "tokens": 2e-4, "expert_layers": 6e-5, "kv_slots": 0.0, "draft_steps": 0.0}
-    spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.4), tolerance=0.0)
+    spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.4), tolerance=0.0, accuracy=accuracy)
     worst = 1.0
     for _ in range(20):
         pol = P.GoodputPolicy(spec, 3, online=False)
@@ -325,7 +349,8 @@ def _greedy_from_scratch(pol, rows, k_next):
     best_rate, best = num / t * (1 + pol.spec.tolerance), dict(k)
     while True:
         cands = [((num + chains[r.req][k[r.req]]) / (t + cost), r, cost) for r in rows if k[r.req] < len(r.drafts)
-                 for cost in [c_tok + c_exp * union.gain(r.drafts[k[r.req]]) + (c_smp if r.sampled else 0.0)
+                 for cost in [c_tok + c_exp * (union.a * union.gain(r.drafts[k[r.req]]) + union.more())
+                              + (c_smp if r.sampled else 0.0)
                               + (pol.cost.current.coef["spec_pass"] if spec == 0 else 0.0)]]
         if not cands:
             return best
@@ -337,10 +362,11 @@ def _greedy_from_scratch(pol, rows, k_next):
             best_rate, best = rate, dict(k)
 
 
-def test_kept_gains_pick_the_path_of_gains_recomputed_every_pick(tmp_path):
+@pytest.mark.parametrize("accuracy", [None, 0.6])
+def test_kept_gains_pick_the_path_of_gains_recomputed_every_pick(tmp_path, accuracy):
     rnd = random.Random(11)
     cost = {"fixed": 1e-3, "tokens": 1e-4, "expert_layers": 4e-5, "kv_slots": 0.0, "draft_steps": 0.0}
-    spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.7, 0.5), tolerance=0.0)
+    spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.7, 0.5), tolerance=0.0, accuracy=accuracy)
     tokens = [10, 11, 12, 20, 21, 22, 23, 5]
     differ = 0
     for _ in range(60):
@@ -389,7 +415,8 @@ def test_the_all_drafts_shortcut_decides_as_the_greedy_path(tmp_path, monkeypatc
         cost = {"fixed": 1e-3, "tokens": rnd.choice([1e-5, 1e-4, 4e-4, 1e-3]), "rows": rnd.choice([0.0, 2e-4]),
                 "expert_layers": rnd.choice([0.0, 2e-5, 2e-4]), "kv_slots": 0.0, "draft_steps": 1e-4,
                 "spec_pass": rnd.choice([0.0, 5e-4]), "sampled_tokens": rnd.choice([0.0, 1e-4])}
-        spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.3), tolerance=rnd.choice([0.0, 0.01, 0.1]))
+        spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.3), tolerance=rnd.choice([0.0, 0.01, 0.1]),
+                     accuracy=rnd.choice([None, 0.7, 0.3]))
         pol = P.GoodputPolicy(spec, 3, expert_cost=rnd.random() < 0.7, online=False, plain_steps=rnd.random() < 0.5)
         rows = [P.Row(f"r{i}", [rnd.choice(tokens) for _ in range(rnd.randrange(0, 4))], rnd.choice(tokens),
                       sampled=rnd.random() < 0.3) for i in range(rnd.randrange(1, 7))]
@@ -497,7 +524,8 @@ def test_the_plan_beats_the_floor_as_the_full_rates_say(tmp_path):
                 "expert_layers": rnd.choice([0.0, 2e-5, 2e-4]), "kv_slots": 0.0,
                 "draft_steps": rnd.choice([1e-5, 2e-4, 1e-3]), "spec_pass": rnd.choice([0.0, 5e-4]),
                 "sampled_tokens": rnd.choice([0.0, 1e-4])}
-        spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.3), tolerance=rnd.choice([0.0, 0.01, 0.1]))
+        spec = _spec(tmp_path, cost=cost, prior=(0.9, 0.6, 0.3), tolerance=rnd.choice([0.0, 0.01, 0.1]),
+                     accuracy=rnd.choice([None, 0.7, 0.3]))
         pol = P.GoodputPolicy(spec, 3, expert_cost=rnd.random() < 0.7, online=False, plain_steps=rnd.random() < 0.5)
         rows = [P.Row(f"r{i}", [], rnd.choice([10, 11, 20, 5]), 5, sampled=rnd.random() < 0.3)
                 for i in range(rnd.randrange(1, 7))]

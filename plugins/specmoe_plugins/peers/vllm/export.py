@@ -5,8 +5,10 @@
 a1,a2,...] --out policy.json`` reads *files* only (no stage module is imported):
 
 * ``--token-table``: a ``build_token_table`` stage directory (``token_table.json``: ``num_layers``,
-  ``num_experts``, ``top_k``; ``token_table.safetensors``: ``token_ids [N]``, ``experts [N, L, K]``,
-  ``fallback [L, K]``, ``token_counts [N]``) -> the policy's ``experts``.
+  ``num_experts``, ``top_k``, optionally ``test_acc``; ``token_table.safetensors``: ``token_ids [N]``,
+  ``experts [N, L, K]``, ``fallback [L, K]``, ``token_counts [N]``) -> the policy's ``experts`` (``test_acc``, the
+  table's held-out top-K accuracy, as ``experts.accuracy``: the policy prices a token's listed experts as routed
+  with that probability, else as a random token's).
 * ``--cost-model``: a ``calibrate_cost`` stage's (or ``platform bench expert_latency --calibrate``'s)
   ``cost_model.json`` (``format: specmoe.cost_model/1``, ``coef`` in seconds per unit of ``fixed``, ``tokens``,
   ``expert_layers``, ``kv_slots``, ``padded_tokens``, ``token_kv``) -> the policy's ``cost`` (``padded_tokens``
@@ -28,7 +30,8 @@ The policy file (``format: specmoe_vllm.policy/1``; read by ``specmoe_vllm.polic
      "cost_tokens": {... the same terms, expert_layers 0},   # optional: the token-only variant's cost
      "acceptance": {"prior": {"greedy": [...], "sampled": [...]}, "strength": 20, "request_strength": 32},
      "experts": {"num_layers": L, "num_experts": E, "top_k": K, "fallback": [[...]] * L,
-                 "token_ids": [...], "table": [[[...]] * L, ...], "token_counts": [...]},
+                 "token_ids": [...], "table": [[[...]] * L, ...], "token_counts": [...],
+                 "accuracy": a},                  # optional (default 1: the listed experts taken as certain)
      "meta": {"sources": {...}}}
 """
 
@@ -79,9 +82,13 @@ def read_token_table(path: str | Path) -> dict[str, Any]:
             (len(r), len(r[0]) if r else 0) != shape for r in experts):
         raise UserError(f"--token-table {st_p}: 'experts' / 'fallback' rows must be [num_layers={shape[0]}, "
                         f"top_k={shape[1]}] as token_table.json says")
-    return {"num_layers": meta["num_layers"], "num_experts": meta["num_experts"], "top_k": meta["top_k"],
-            "fallback": fallback, "token_ids": [int(t) for t in ids], "table": experts,
-            "token_counts": [int(c) for c in counts]}
+    out = {"num_layers": meta["num_layers"], "num_experts": meta["num_experts"], "top_k": meta["top_k"],
+           "fallback": fallback, "token_ids": [int(t) for t in ids], "table": experts,
+           "token_counts": [int(c) for c in counts]}
+    acc = meta.get("test_acc")  # the stage's held-out top-K accuracy: how far the policy trusts the listed experts
+    if isinstance(acc, (int, float)) and not isinstance(acc, bool) and 0.0 <= acc <= 1.0:
+        out["accuracy"] = float(acc)
+    return out
 
 
 def read_cost_model(path: str | Path) -> dict[str, float]:
