@@ -526,7 +526,7 @@ class _Union:
     (the demo's table), it overstated what a draft with rarely listed experts adds: vLLM on a Zen 4, batch 8,
     T = 0, 48 prompts, the same policy file in one process, the plugin verified fewer than the five proposed
     drafts in 51 of 1,013 request-steps (4.613 tokens a step; the chain of 5: 4.675), priced at ``a`` in 15 of
-    1,002 (4.657); over four earlier grids the expert-aware variant had run 1.5-5 % under the token-only one
+    1,002 (4.657); over four earlier grids the expert-aware variant had run 1.4-5.4 % under the token-only one
     there."""
 
     def __init__(self, table: ExpertTable | None):
