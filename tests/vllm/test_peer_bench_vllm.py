@@ -39,7 +39,7 @@ def test_bench_peer_runs_both_engines(tmp_path):
     args = p.parse_args(["--target", str(tmp_path / "target"), "--drafter-path", str(draft), "--random-prompts",
                          "8", "--prompts", "2", "--new-tokens", "12", "--max-drafts", "1", "--tree-shapes", "",
                          "--goodput", "", "--passes", "1", "--vllm-python", VLLM_PYTHON,
-                         "--no-tracking", "--json", str(tmp_path / "peer.json")])
+                         "--no-tracking", "--json", str(tmp_path / "peer.json"), "--keep-dir", str(tmp_path / "work")])
     assert peer.run(args) == 0
     r = json.loads((tmp_path / "peer.json").read_text())
     rows = r["rows"]
@@ -54,3 +54,10 @@ def test_bench_peer_runs_both_engines(tmp_path):
     v, s = rows["vllm/eagle3_chain1"], rows["specmoe/chain1/confidence"]
     assert v["acceptance_by_position"][0] > 0
     assert len(v["acceptance_by_position"]) == len(s["acceptance_by_position"]) == 1
+    # the runner hands on vLLM's per-step acceptance (what the headroom replay reads): one list per prompt, a
+    # count per verify step, summing to the accepted drafts; one chain length gives no headroom line
+    cell = next(run for run in json.loads((tmp_path / "work" / "vllm_out_0.json").read_text())["runs"]
+                if run["num_speculative_tokens"] == 1)["cells"][0]
+    assert len(cell["per_step_accepted"]) == 2 and sum(map(len, cell["per_step_accepted"])) == cell["drafts"]
+    assert sum(map(sum, cell["per_step_accepted"])) == cell["accepted_tokens"]
+    assert all(d == [1] * len(d) for d in cell["per_step_drafted"]) and r["headroom"] == []

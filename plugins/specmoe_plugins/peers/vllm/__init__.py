@@ -5,6 +5,7 @@
   checkpoints and prompts in one run;
 * ``stage.py``: the ``vllm_peer`` stage (``specmoe.stages``), the same on a GPU recipe;
 * ``export.py``: ``platform peer export-policy`` (``specmoe.commands``), the specmoe_vllm plugin's policy file;
+* ``headroom.py``: the bench's replay of vLLM's fixed-chain steps (what any per-step draft count could gain);
 * ``vllm_runner.py``: the script run by vLLM's own python (it imports vLLM and the standard library only).
 
 ``platform compare`` shows the bench runs' engine rows through :mod:`specmoe.peer.compare` (core: it reads the

@@ -21,7 +21,10 @@ with up to ``--max-drafts`` drafts under ``SpecMoEScheduler`` (rows ``vllm/plugi
 the token-only variant), next to its fixed draft counts. ``--batches`` and ``--temperatures`` add cells (rows
 ``<name>/b<B>_T<T>``; batch 1, T = 0 keeps the plain names) for vLLM; specmoe's rows are batch 1, T = 0. Per
 plugin row: the ratio to the best fixed configuration of its cell (no speculation or 1..n drafts) and the budget
-check (vLLM's per-request verified drafts against the plugin's choices; 0 violations expected).
+check (vLLM's per-request verified drafts against the plugin's choices; 0 violations expected). Per pass, the
+**headroom** of any per-step draft count at batch 1, T = 0 (:mod:`specmoe_plugins.peers.vllm.headroom`): a replay
+of the longest fixed chain's steps that prices an oracle and a rule on each request's last step against the best
+fixed count, the step cost a line fitted on the fixed chains' runs.
 
 Rows are aligned by verified tokens per step γ (vLLM's ``num_speculative_tokens`` n = specmoe's γ - 1). Per row:
 tokens/s (wall clock, batch 1, prefill included, as vLLM's runner measures), tokens per step (bonus included),
@@ -59,6 +62,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
+
+from specmoe_plugins.peers.vllm import headroom
 
 __all__ = ["add_arguments", "run", "measure", "agreement", "check_draft"]
 
@@ -463,6 +468,10 @@ def _vllm_rows(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
                    "startup_s": run["startup_s"]}
             if "plugin" in cell:
                 row["plugin"] = {k: v for k, v in cell["plugin"].items() if k != "per_request"}
+            elif n > 0:  # what headroom() replays: the fixed chains' steps and seconds
+                row["steps"] = {"seconds": sum(cell.get("seconds", [])), "spec_steps": cell.get("drafts", 0),
+                                "accepted": cell.get("per_step_accepted", []),
+                                "drafted": cell.get("per_step_drafted", [])}
             rows[f"vllm/{base}{_suffix(b, t)}"] = row
     return rows
 
@@ -508,6 +517,29 @@ def cross_fitted_vs_fixed(plugin: list[list[float]], fixed: dict[str, list[list[
     if iv is None:
         return None
     return {"value": iv.value, "lo": iv.lo, "hi": iv.hi, "n": iv.n}
+
+
+def pass_headroom(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The batch-1 greedy cell of one vLLM pass: :func:`headroom.headroom` on its longest fixed chain's steps,
+    the step cost fitted on its fixed chains, and the replay's check against each chain's measured tokens/s;
+    None without two fixed chains there."""
+    chains = {row["gamma"] - 1: row for row in rows.values()
+              if row.get("steps") and row["batch"] == 1 and row["temperature"] == 0}
+    cost = headroom.fit_step_cost({k: (r["steps"]["seconds"], r["steps"]["spec_steps"]) for k, r in chains.items()})
+    if cost is None:
+        return None
+    longest = chains[max(chains)]["steps"]
+    h = headroom.headroom(longest["accepted"], longest["drafted"], cost)
+    if h is None:
+        return None
+    def replayed(k: int) -> float:
+        tokens, seconds = headroom.replay(longest["accepted"], longest["drafted"], lambda _state: k, cost)
+        return tokens / seconds
+
+    h["step_cost_s"] = list(cost)
+    h["replay_vs_measured"] = {str(k): round(replayed(k) / r["tok_s"], 4) for k, r in sorted(chains.items())
+                               if r["tok_s"] > 0}
+    return h
 
 
 def compare_rows(best: dict[str, dict[str, Any]], eos: set[int]) -> str | None:
@@ -568,6 +600,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
         format=args.format, data_dir=args.data_dir))
     best: dict[str, dict[str, Any]] = {}
     meta: dict[str, Any] = {}
+    room: list[dict[str, Any]] = []  # per pass (pass_headroom)
     with contextlib.ExitStack() as stack:
         tmp = getattr(args, "keep_dir", None) or stack.enter_context(
             tempfile.TemporaryDirectory(prefix="specmoe_peer_"))
@@ -580,6 +613,11 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
                     if "policy" in out:
                         meta["plugin_cost"] = out["policy"]
                     rows.update(_vllm_rows(out))
+                h = pass_headroom(rows)
+                if h is not None:
+                    room.append(h)
+                for row in rows.values():
+                    row.pop("steps", None)
                 _keep_faster(best, rows, k)
             if "specmoe" in engines:
                 _keep_faster(best, run_specmoe(target, args, prompts), k)
@@ -590,7 +628,7 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
             "prompt_tokens": sum(len(p) for p in prompts), "new_tokens": args.new_tokens, "dtype": args.dtype,
             "threads": torch.get_num_threads(), "passes": args.passes, "cpu": meta.get("cpu") or _cpu(),
             "torch_version": torch.__version__, "vllm": meta, "target": args.target,
-            "drafter_path": args.drafter_path}
+            "drafter_path": args.drafter_path, "headroom": room}
 
 
 def _cpu() -> str:
@@ -640,6 +678,16 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
                          f"  budget "
                          f"{p['budget_checked_steps']} / {p['budget_violations']}  k {p['k_hist']}  k_next "
                          f"{p['k_next_hist']}")
+    if r.get("headroom"):
+        lines.append("headroom of a per-step draft count at b1 T0, per pass (a replay of the longest fixed chain's "
+                     "steps, over the best fixed count; specmoe_plugins/peers/vllm/headroom.py): oracle, a rule "
+                     "on the request's last step [range over halvings], the fitted step cost, replayed / measured "
+                     "tokens/s per chain")
+        for h in r["headroom"]:
+            lines.append(f"  best fixed k {h['best_fixed_k']}  oracle {h['oracle']:.3f}x  last-step rule "
+                         f"{h['history']:.3f}x [{h['history_lo']:.3f}, {h['history_hi']:.3f}]  step "
+                         f"{1e3 * h['step_cost_s'][0]:.2f} + {1e3 * h['step_cost_s'][1]:.2f} k ms  replayed / "
+                         "measured " + " ".join(f"{k}:{v:.3f}" for k, v in h["replay_vs_measured"].items()))
     ref = r["agreement_reference"]
     lines.append("agree (greedy cells): share of prompts with output identical to the cell's vLLM no-speculation "
                  "output" + (f" (where the cell has none: {ref}'s)" if ref else "") + "; own: to the same engine's "
@@ -676,6 +724,9 @@ def _track(r: dict[str, Any], args: argparse.Namespace) -> str | None:
                             f"{key}/agreement_own": m["agreement_own"], f"{key}/vs_vllm_best": m["vs_vllm_best"]})
             for d, a in enumerate(m["acceptance_by_position"], 1):
                 metrics[f"{key}/acceptance_pos{d}"] = a
+        passes = r.get("headroom") or []
+        for key in ("oracle", "history", "history_lo", "history_hi") if passes else ():
+            metrics[f"headroom/{key}"] = sum(p[key] for p in passes) / len(passes)
         h.log_metrics(metrics)
         h.log_dict({n: {k: v for k, v in m.items() if k != "outputs"} for n, m in r["rows"].items()},
                    ARTIFACT)

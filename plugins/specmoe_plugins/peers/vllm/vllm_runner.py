@@ -69,6 +69,9 @@ Output (JSON object)::
           "accepted_per_pos": [380, 330, 270],   # vllm:spec_decode_num_accepted_tokens_per_pos
           "acceptance_per_pos": [0.95, 0.83, 0.68],  # accepted_per_pos / drafts
           "tokens_per_step": 3.45,           # 1 + accepted_tokens / drafts (vLLM's mean acceptance length)
+          "per_step_accepted": [[2, 0, 3, ...], ...],   # per prompt, its verify steps' accepted drafts in order
+          "per_step_drafted": [[3, 3, 3, ...], ...],    # and their drafts (per_request_spec_decode_metrics
+                                             # "detailed"; [] where vLLM gave none)
           "cells": [{"batch": 1, "temperature": 0.0, "outputs": ..., "seconds": [...] (per generate call),
                      "tokens": ..., "tokens_per_s": ..., the speculation counters above, and with the plugin
                      "plugin": {"steps", "steps_capped" (a request held more drafts than the policy chose),
@@ -126,8 +129,11 @@ def _spec_counters(results, n_spec: int) -> dict:
     engine when the runner interleaves them."""
     hist = [0] * (n_spec + 1)
     draft_tokens = 0
+    per_acc, per_drafted = [], []
     for res in results:
         m = res.outputs[0].spec_decode_metrics if res.outputs else None
+        per_acc.append([int(x) for x in getattr(m, "per_step_accepted", None) or []])
+        per_drafted.append([int(x) for x in getattr(m, "per_step_drafted", None) or []])
         if m is None:
             continue
         for j, c in enumerate(m.histogram[: n_spec + 1]):
@@ -140,6 +146,7 @@ def _spec_counters(results, n_spec: int) -> dict:
     d = max(drafts, 1)
     out["acceptance_per_pos"] = [round(a / d, 6) for a in per]
     out["tokens_per_step"] = round(1 + out["accepted_tokens"] / d, 6)
+    out["per_step_accepted"], out["per_step_drafted"] = per_acc, per_drafted
     return out
 
 
