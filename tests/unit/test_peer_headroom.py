@@ -95,3 +95,8 @@ def test_a_pass_of_fixed_chains_gives_the_cells_headroom_and_the_report_shows_it
          "torch_version": "2.13.0", "rows": {}, "agreement_reference": None, "headroom": [h]}
     text = peer._report(r, argparse.Namespace(dataset="gsm8k", batches="1", temperatures="0"))
     assert "headroom of a per-step draft count at b1 T0" in text and f"oracle {h['oracle']:.3f}x" in text
+    # the prompts' source as the bench resolved it (the registry's default dataset when none was named)
+    from specmoe.registry import datasets
+
+    text = peer._report(r, argparse.Namespace(dataset=None, batches="1", temperatures="0"))
+    assert f"{datasets.default()} x 16 prompts" in text and "None x" not in text

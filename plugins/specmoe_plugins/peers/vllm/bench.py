@@ -642,8 +642,11 @@ def _cpu() -> str:
 
 
 def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
+    from specmoe.registry import datasets
+
     v = r["vllm"]
-    lines = [f"target {r['target']}  draft {r['drafter_path']}  {r['dtype']}  {args.dataset} x {r['prompts']} "
+    source = "random" if getattr(args, "random_prompts", 0) else (args.dataset or datasets.default())
+    lines = [f"target {r['target']}  draft {r['drafter_path']}  {r['dtype']}  {source} x {r['prompts']} "
              f"prompts, {r['new_tokens']} new tokens, greedy, batch 1 (vLLM: cells --batches {args.batches} x "
              f"--temperatures {args.temperatures}), threads {r['threads']}, {r['passes']} "
              f"alternating passes (faster kept)  cpu {r['cpu']}  torch {r['torch_version']}"
