@@ -103,7 +103,9 @@ def test_calibrate_cost_stage_writes_a_loadable_model_keyed_by_the_machine(tiny_
     assert 0 <= summary["heldout_median_abs_rel_error"] < float("inf")
     model = CostModel.load(tmp_path / "cost_model.json")
     assert model.meta["layers"] > 0 and model.meta["clock"] == "wall"
-    assert model.coefficient("fixed") + model.coefficient("tokens") > 0
+    # some term carries the measured time; which one depends on the machine and its load (two timed calls per
+    # configuration: under load the fit once put it all on the expert and KV terms, fixed and tokens 0)
+    assert any(v > 0 for v in model.coefficients().values())
     sel = selectors.get("goodput")(cost_model=str(tmp_path / "cost_model.json"))
     assert sel.cost.coefficients() == pytest.approx(model.coefficients())
     facts = cls.key_facts({})
