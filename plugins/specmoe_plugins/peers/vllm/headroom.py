@@ -31,7 +31,7 @@ from __future__ import annotations
 import random
 from typing import Callable, Sequence
 
-__all__ = ["fit_step_cost", "replay", "headroom"]
+__all__ = ["fit_step_cost", "replay", "rate", "headroom"]
 
 State = tuple  # None (a request's first step), ("rej", j) or ("all",)
 
@@ -75,13 +75,15 @@ def _follow(rule: dict[State, int], default: int) -> Callable[[State], int]:
     return lambda s: rule.get(s, default)
 
 
-def _rate(accepted, drafted, choose, cost) -> float:
+def rate(accepted: Sequence[Sequence[int]], drafted: Sequence[Sequence[int]], choose: Callable[[State], int],
+         cost: tuple[float, float]) -> float:
+    """Tokens per second of the rule over the replayed steps (:func:`replay`)."""
     t, s = replay(accepted, drafted, choose, cost)
     return t / s if s > 0 else 0.0
 
 
 def _best_fixed(accepted, drafted, cost, kmax: int) -> tuple[int, float]:
-    rates = {k: _rate(accepted, drafted, _follow({}, k), cost) for k in range(1, kmax + 1)}
+    rates = {k: rate(accepted, drafted, _follow({}, k), cost) for k in range(1, kmax + 1)}
     k = max(rates, key=lambda x: (rates[x], x))
     return k, rates[k]
 
@@ -101,7 +103,7 @@ def _fit_rule(accepted, drafted, cost, kmax: int, rounds: int = 4) -> tuple[dict
         rule = {s: max(range(1, kmax + 1), key=lambda k, ad=ad: (
             sum(min(a, k, d) + 1 - lam * (cost[0] + cost[1] * min(k, d)) for a, d in ad), -k))
             for s, ad in by.items()}
-        lam = max(lam, _rate(accepted, drafted, _follow(rule, k0), cost))
+        lam = max(lam, rate(accepted, drafted, _follow(rule, k0), cost))
     return rule, k0
 
 
@@ -127,7 +129,7 @@ def headroom(accepted: Sequence[Sequence[int]], drafted: Sequence[Sequence[int]]
             fa, fd = [accepted[i] for i in fit], [drafted[i] for i in fit]
             ja, jd = [accepted[i] for i in judge], [drafted[i] for i in judge]
             rule, k_fix = _fit_rule(fa, fd, cost, kmax)
-            fixed = _rate(ja, jd, _follow({}, k_fix), cost)
-            ratios.append(_rate(ja, jd, _follow(rule, k_fix), cost) / fixed if fixed > 0 else 1.0)
+            fixed = rate(ja, jd, _follow({}, k_fix), cost)
+            ratios.append(rate(ja, jd, _follow(rule, k_fix), cost) / fixed if fixed > 0 else 1.0)
     return {"best_fixed_k": k_best, "best_fixed_tok_s": r_best, "oracle": oracle / r_best,
             "history": sum(ratios) / len(ratios), "history_lo": min(ratios), "history_hi": max(ratios)}
