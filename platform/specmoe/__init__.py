@@ -1,8 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""specmoe: cost-aware speculative decoding (EcoSpec) for Mixture-of-Experts LLMs.
-
-The core package imports nothing heavy: torch, transformers and plugins load on first use.
-"""
+"""specmoe: cost-aware speculative decoding (EcoSpec) for Mixture-of-Experts LLMs (imports nothing heavy)."""
 
 from specmoe.utils.deprecation import install_aliases as _install_aliases
 

@@ -1,9 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Library entry points behind the CLI: ``run_recipe(path, overrides)`` runs stages then the evaluation grid.
-
-:func:`run` has no side effects outside its run directory, its caches and its tracking store: it prints
-nothing and leaves ``os.environ`` alone (the ``platform`` CLI prints the table and where things are).
-"""
+"""Library entry points behind the CLI: ``run_recipe(path, overrides)`` runs stages then the evaluation grid,
+touching only the run directory, caches and tracking store (no printing; ``os.environ`` left alone)."""
 
 from __future__ import annotations
 
@@ -50,7 +47,6 @@ class RunResult:
 
 
 def run_recipe(path: str | Path, overrides: Sequence[str] = ()) -> RunResult:
-    """Load and validate the recipe, then :func:`run` it."""
     return run(load_recipe(path, overrides))
 
 
@@ -81,13 +77,11 @@ def _device() -> str:
 
 
 def run(cfg: RunConfig) -> RunResult:
-    """Run a validated recipe: the tracking store and preflight checks first (before any work), then the
-    stages (cached) and the evaluation grid (cached per group).
+    """Run a validated recipe: tracking and preflight checks first, then the stages and the evaluation grid.
 
     Raises:
         UserError: bad input found before or during the run (the message says what to fix).
-        RunFailure: a stage, an evaluation cell or the run itself failed; ``log`` is ``error.log`` in the run
-            directory (the traceback).
+        RunFailure: a stage, an evaluation cell or the run failed; ``log`` is the run directory's ``error.log``.
     """
     from specmoe.data.sources import run_data_dir
 
@@ -162,8 +156,7 @@ def _tracked(cfg: RunConfig, tracker: Tracker | NullTracker, stages: StageRunner
             "specmoe.run_dir": str(run_dir), "specmoe.source": cfg.source}
     if cfg.description:
         tags["mlflow.note.content"] = cfg.description
-    # a killed or failed run of the same resolved recipe is resumed: its finished cells are kept, none
-    # duplicated; the nested runs its process left RUNNING are closed as KILLED
+    # resume a killed / failed run of the same resolved recipe; its nested runs left RUNNING become KILLED
     prev = tracker.find_run({"specmoe.kind": PARENT_KIND, RECIPE_HASH_TAG: recipe_hash}, status=None)
     resume = prev.run_id if prev is not None and prev.status != "FINISHED" else None
     if resume is not None:

@@ -1,12 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""User-facing errors: printed as one clear message by the CLI, never as a traceback.
-
-* :class:`UserError`: bad input or a missing resource; the message says what, where and how to fix it.
-* :class:`StageIncomplete`: a stage stopped before its budget (e.g. an opt-in wall-clock guard); the runner
-  records it as incomplete, not done, and a rerun continues it.
-* :class:`StageFailed` / :class:`CellFailed`: a stage or an evaluation cell raised; they name it, keep the
-  original exception as ``__cause__`` and say where its full log is.
-"""
+"""User-facing errors: printed by the CLI as one clear message, never as a traceback."""
 
 from __future__ import annotations
 
@@ -25,7 +18,7 @@ class MissingExtraError(UserError, ImportError):
 
 
 class StageIncomplete(UserError):
-    """Raised by a stage that stopped before the end of its budget (its partial work is kept)."""
+    """A stage stopped before its budget's end (partial work kept; recorded incomplete; a rerun continues)."""
 
 
 def describe(exc: BaseException) -> str:
@@ -37,8 +30,7 @@ def describe(exc: BaseException) -> str:
 
 
 class RunFailure(Exception):
-    """Something inside a run failed. ``what`` names it, ``log`` is the file with the full traceback (set
-    by whoever writes it), ``hint`` says what to do; the cause is ``__cause__``."""
+    """A run failure: ``what`` names it, ``log`` is the traceback file, ``hint`` what to do; cause: ``__cause__``."""
 
     def __init__(self, what: str, cause: BaseException, hint: str = "", log: Optional[str] = None) -> None:
         self.what = what

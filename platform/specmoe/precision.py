@@ -1,19 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which precision is faster on this CPU for the work at hand: measured once per CPU model, then read.
 
-A CPU that reports native bf16 (AVX512-BF16, AMX) is not necessarily faster in bf16: on a 2-core Intel
-Sapphire Rapids the demo's target trained at 3.10 s per step in ``bf16-mixed`` and 2.11 s in float32 (issue 23).
-So ``precision: auto`` (training) asks :func:`cpu_decision`, which times a small forward + backward of the
-kind of model the stages train (a GPT-OSS-architecture MoE language model at the demo's width, random weights)
-in both precisions, on one thread, by this thread's CPU time (the load of other processes does not count), and
-keeps the faster one (bf16 only when it is at least :data:`BF16_MARGIN` times the float32 time: float32 is the
-safer numerics at equal speed).
-
-The decision is written once per machine identity (CPU model string, its bf16 / AMX / AVX flags, the
-architecture, the torch version) and work kind to the user cache, ``$XDG_CACHE_HOME/specmoe/precision/`` (default
-``~/.cache/specmoe/precision/``), and read back from then on: a stage's cache key, which holds the resolved
-precision, does not flip between runs on the same machine. Delete the file (its path is logged) to measure
-again. Measuring and writing happen under a file lock, so concurrent first runs agree.
+Native bf16 is not always faster, so ``precision: auto`` (:func:`cpu_decision`) times a small MoE LM step in
+both, by thread CPU time (bf16 only below :data:`BF16_MARGIN` x float32), and keeps the decision per machine and
+work kind under ``$XDG_CACHE_HOME/specmoe/precision/`` so cache keys do not flip (delete the logged file to re-measure).
 """
 
 from __future__ import annotations
@@ -33,8 +23,7 @@ log = logging.getLogger(__name__)
 #: bf16 is chosen only when its time is at most this fraction of the float32 time
 BF16_MARGIN = 0.9
 
-#: work kind -> probe settings: a GPT-OSS MoE LM of the demo target's width (``recipes/_base/tiny.yaml``) with
-#: two layers, a batch of 2 x ``seq`` tokens
+#: work kind -> probe settings: a two-layer GPT-OSS MoE LM of the demo target's width, a batch of 2 x ``seq``
 WORK_PROBES: dict[str, dict[str, Any]] = {
     "train_moe_lm": dict(hidden_size=256, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
@@ -45,8 +34,7 @@ _FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2", "bf16")
 
 
 def cpu_identity() -> dict[str, str]:
-    """What the decision depends on: the CPU model string, its bf16-relevant flags, the machine architecture
-    and the torch version."""
+    """What the decision depends on: CPU model, its bf16-relevant flags, architecture and torch version."""
     import torch
 
     model, flags = "", set()
@@ -86,9 +74,8 @@ def _one_thread() -> Iterator[None]:
 
 
 def measure_training(work: str = "train_moe_lm", **overrides: Any) -> dict[str, float]:
-    """Seconds of this thread's CPU time per forward + backward of the ``work`` probe, ``{"32-true": s,
-    "bf16-mixed": s}`` (the median of ``iters`` after one warm-up, the two precisions interleaved).
-    ``bf16-mixed`` is float32 weights under ``torch.autocast("cpu", torch.bfloat16)``, as Lightning runs it."""
+    """``{"32-true": s, "bf16-mixed": s}``: median thread CPU seconds per forward + backward of the ``work``
+    probe (``bf16-mixed``: float32 weights under bf16 autocast, as Lightning runs it)."""
     import statistics
 
     import torch
@@ -147,9 +134,8 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def cpu_decision(work: str = "train_moe_lm", measure: Callable[[str], dict[str, float]] | None = None) -> str:
-    """``32-true`` or ``bf16-mixed``: the faster precision for ``work`` on this CPU, read from its decision
-    file, or measured (``measure(work)``, default :func:`measure_training`) and written there when there is
-    none. The caller checks first that the CPU has native bf16 (emulated bf16 is never faster)."""
+    """``32-true`` or ``bf16-mixed`` for ``work`` on this CPU, from its decision file or measured
+    (``measure``, default :func:`measure_training`). The caller checks first that the CPU has native bf16."""
     identity = cpu_identity()
     path = decision_path(work, identity)
     found = _read(path)

@@ -22,8 +22,7 @@ RUN_ARTIFACTS = ("mlflow.db", "mlflow.db-*", "mlflow.db.lock", ":(glob)**/*.lock
 
 
 def tracked_run_artifacts(workdir: Path | str) -> list[str]:
-    """Files under ``workdir`` that a run writes (:data:`RUN_ARTIFACTS`) and that git tracks there (empty
-    outside a git checkout or without git)."""
+    """Files under ``workdir`` a run writes (:data:`RUN_ARTIFACTS`) that git tracks there (empty without git)."""
     import subprocess
 
     try:

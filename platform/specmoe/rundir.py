@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Run directories: ``<output_dir>/<recipe name>/<YYYYmmdd-HHMMSS>-<id>/`` with the resolved recipe,
-overrides, environment and results."""
+"""Run directories: ``<output_dir>/<recipe name>/<YYYYmmdd-HHMMSS>-<id>/`` (recipe, overrides, env, results)."""
 
 from __future__ import annotations
 

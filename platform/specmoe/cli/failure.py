@@ -1,10 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""How a command that failed tells the user: one message, never a traceback (unless ``--debug``).
-
-The message says what failed (the stage, the evaluation cell or the command), why (the cause in one line),
-where the full log is (a file holding the traceback: ``error.log`` in the run directory for ``platform run``,
-else a file under the system's temporary directory) and what to do next.
-"""
+"""How a failed command tells the user: one message, never a traceback (unless ``--debug``), saying what failed,
+why (one line), where the log with the traceback is (a run's ``error.log``, else a temp file) and what to do next."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ def write_log(exc: BaseException, command: str) -> Path:
 
 
 def report_failure(exc: BaseException, command: str, debug: bool = False, stream: TextIO | None = None) -> int:
-    """Print the one message for ``exc`` (the traceback first with ``debug``); returns the exit code
-    (2 for a user error, 1 otherwise)."""
+    """Print the one message for ``exc`` (the traceback first with ``debug``); returns 2 for a user error, else 1."""
     stream = stream or sys.stderr
     if debug:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=stream)

@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``platform ls [kind]``: list registered plugins, where each comes from and which are the defaults a recipe or
-command takes where it names none (``specmoe.defaults``; imports no plugin)."""
+"""``platform ls [kind]``: list registered plugins, where each comes from and the defaults (imports no plugin)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ from typing import Sequence
 
 __all__ = ["main", "SUBCOMMANDS"]
 
-#: subcommand name -> module defining ``add_parser(subparsers)`` and ``run(args) -> int`` (the core's; a plugin adds
-#: its own through the entry-point group ``specmoe.commands``, :data:`specmoe.registry.commands`)
+#: core subcommand -> module with ``add_parser(subparsers)`` and ``run(args) -> int`` (plugins: ``specmoe.commands``)
 SUBCOMMANDS = {
     "run": "specmoe.cli.run",
     "validate": "specmoe.cli.validate",
@@ -44,8 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _plugin_commands(sub: argparse._SubParsersAction) -> None:
-    """Each plugin's subcommand (``specmoe.commands``); one that cannot be imported, or whose name a core
-    subcommand has, is left out with a warning naming it and why (the others stay usable)."""
+    """Add each plugin's subcommand (``specmoe.commands``); a broken or name-taken one is left out with a warning."""
     from specmoe.registry import commands
 
     for name, _target, origin in commands.entries():

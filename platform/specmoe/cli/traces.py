@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``platform traces evaluate --traces DIR -p learned:path=DIR -p token_table:path=DIR -p router_on_embedding``:
-held-out top-K routing accuracy of expert predictors on a routing-trace directory. Predictors that read the
-drafter's node features (``-p draft_head:path=DIR``) need ``--drafter eagle3:path=DIR``."""
+"""``platform traces evaluate --traces DIR -p PREDICTOR...``: held-out top-K accuracy of expert predictors on a
+routing-trace directory (feature-based ones, e.g. ``-p draft_head:path=DIR``, need ``--drafter eagle3:path=DIR``)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def ui_command(uri: str, port: int, workers: int = 1) -> list[str]:
-    """The ``mlflow ui`` command line (run with this interpreter)."""
     import sys
 
     return [

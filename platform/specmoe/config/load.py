@@ -1,23 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Load a recipe: YAML file (+ one ``base:`` chain), dotlist overrides, interpolation, typed validation.
 
-Every problem is collected and reported together (:class:`ConfigError`), each with the file that set the
-key, the dotted key and a hint.
-
-Interpolation is OmegaConf's (:func:`resolve_interpolations`). The base-chain merge (:func:`_deep_merge`) and the
-dotted overrides (:func:`apply_overrides`) stay plain dict code, because ``OmegaConf.merge`` /
-``OmegaConf.from_dotlist`` would change what a recipe means:
-
-* ``OmegaConf.merge`` refuses a layer that puts a list where its base has a mapping (or the reverse: "cannot
-  merge incompatible container types"; here the later layer's value replaces, and validation names the key), and
-  treats ``???`` as "missing": a later layer's ``???`` would keep the base's value instead of replacing it;
-* ``from_dotlist`` builds mappings only: ``methods.2.budget=3`` would become a key ``"2"`` instead of list item
-  2, so neither setting a list item, nor appending (``methods.3=...`` on three methods), nor the component
-  shorthand (``methods.1.selector.alpha=1`` turns ``selector: ecospec`` into ``{name: ecospec, alpha: 1}``), nor
-  ``~key`` deletion is expressible, and it parses values with OmegaConf's grammar, not YAML's (``1e-3`` is a
-  float there and a string in YAML 1.1; ``on`` is a string there and true in YAML);
-* either one loses the origin tracking (which file or override set each key) that every :class:`Problem`
-  names.
+Every problem is collected into one :class:`ConfigError`, each with the file that set the key and a hint.
+Interpolation is OmegaConf's; the base merge and the overrides are plain dict code because ``OmegaConf.merge``
+refuses a list over a mapping (and a later ``???`` keeps the base's value), ``from_dotlist`` cannot index or
+append list items, expand a component shorthand or delete (``~key``) and parses values as OmegaConf, not YAML
+(``1e-3``, ``on``), and both lose which file or override set each key.
 """
 
 from __future__ import annotations
@@ -98,8 +86,7 @@ def _find_base(ref: str, recipe: Path) -> Path:
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` on ``base``: mappings merge key by key, every other value (a list, ``???``, a list over a mapping)
-    replaces (why not ``OmegaConf.merge``: the module docstring)."""
+    """``over`` on ``base``: mappings merge key by key; any other value (a list, ``???``) replaces."""
     out = dict(base)
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict):
@@ -171,9 +158,8 @@ def _walk_to(root: Any, parts: list[str], create: bool) -> tuple[Any, str | int]
 
 def apply_overrides(cfg: dict[str, Any], overrides: Sequence[str], problems: list[Problem],
                     origins: _Origins) -> dict[str, Any]:
-    """Apply ``key=value``, ``+key=value`` (add) and ``~key`` (delete; ``~methods.2`` removes an item). A numeric
-    part indexes a list (one past the end appends), a component written as its name becomes ``{name: ...}`` when
-    a key is set inside it, values are YAML (why not ``OmegaConf.from_dotlist``: the module docstring)."""
+    """Apply ``key=value``, ``+key=value`` (add) and ``~key`` (delete). A numeric part indexes a list (one past
+    the end appends); setting a key inside a component given by name makes it ``{name: ...}``; values are YAML."""
     for ov in overrides:
         src = f"command-line override '{ov}'"
         if ov.startswith("~"):
@@ -235,8 +221,7 @@ def _variable_at(variables: Any, path: str) -> Any:
 
 
 def used_variables(cfg: dict[str, Any]) -> set[str]:
-    """The ``variables.*`` paths the resolved recipe depends on: those referenced outside ``variables`` and,
-    transitively, those the referenced variables reference."""
+    """The ``variables.*`` paths the recipe uses: referenced outside ``variables``, and transitively by those."""
     variables = cfg.get("variables") if isinstance(cfg.get("variables"), dict) else {}
     todo = list(_variable_refs({k: v for k, v in cfg.items() if k != "variables"}))
     used: set[str] = set()
@@ -250,8 +235,7 @@ def used_variables(cfg: dict[str, Any]) -> set[str]:
 
 
 def check_variable_overrides(cfg: dict[str, Any], overrides: Sequence[str], problems: list[Problem]) -> None:
-    """A command-line override of ``variables.<path>`` that no value of the recipe references is an error
-    (the user believes it changes the run; it changes nothing). Unused definitions in files stay fine."""
+    """Report overrides of ``variables.<path>`` that no value of the recipe references (they change nothing)."""
     used = used_variables(cfg)
     for ov in overrides:
         if ov.startswith("~") or "=" not in ov:
@@ -338,11 +322,7 @@ def _import_extra(items: list[Any], problems: list[Problem], origins: _Origins) 
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = (), *, check_plugins: bool = True):
-    """Load, override, resolve and validate a recipe; raise :class:`ConfigError` listing every problem.
-
-    Returns:
-        A :class:`specmoe.config.schema.RunConfig`.
-    """
+    """Load, override, resolve and validate a recipe into a ``RunConfig``; :class:`ConfigError` lists every problem."""
     from specmoe.config.schema import RunConfig
 
     path = Path(path)

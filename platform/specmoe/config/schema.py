@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The typed schema of a run recipe.
 
-A component is written in a recipe as its registry key, or as ``{name: <key>, <kwarg>: ...}``; the kwargs
-are validated against the plugin's own ``Config`` dataclass. ``name`` may also be ``"pkg.mod:Class"``.
-Fields holding components carry ``metadata={"kind": <kind>}``.
+A component is its registry key (or ``"pkg.mod:Class"``) or ``{name: <key>, <kwarg>: ...}``, the kwargs validated
+against the plugin's ``Config`` dataclass; fields holding components carry ``metadata={"kind": <kind>}``.
 """
 
 from __future__ import annotations
@@ -40,16 +39,9 @@ class Component:
 def component(kind: str, default: str | None = None, optional: bool = False, *,
               options: dict[str, Any] | None = None, name_default: str | None = None,
               registry_default: bool = False) -> Any:
-    """Dataclass field holding a component of ``kind``.
-
-    Args:
-        default: registry key of the default component (with ``options``); None: required or ``optional``.
-        optional: the field may be left unset (``None``).
-        name_default: registry key assumed when a mapping omits ``name`` (stage sub-components such as
-            ``target: {path: "stage:target"}``).
-        registry_default: the default is the kind's default plugin (:meth:`specmoe.registry.Registry.default`:
-            the one the installed distributions declare), looked up when the field is filled.
-    """
+    """Dataclass field holding a component of ``kind``: ``default`` registry key (with ``options``), else required
+    unless ``optional`` (``None``); ``name_default``: key assumed when a mapping omits ``name``; ``registry_default``:
+    default to the kind's default plugin (``Registry.default``), looked up when the field is filled."""
     md: dict[str, Any] = {"kind": kind}
     if name_default is not None:
         md["name_default"] = name_default
@@ -68,8 +60,7 @@ def component(kind: str, default: str | None = None, optional: bool = False, *,
 
 @dataclass
 class StageSpec:
-    """A stage in the recipe: ``{id: <id>, name: <stage key>, <kwargs>}``; others refer to it as
-    ``"stage:<id>"``."""
+    """A recipe stage ``{id: <id>, name: <stage key>, <kwargs>}``; others refer to it as ``"stage:<id>"``."""
 
     id: str
     component: Component
@@ -122,16 +113,13 @@ class EvalConfig:
     """gamma values; empty = [decoding.budget]."""
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     warmup: int = 1
-    """untimed warm-up generations of a batch of the cell's size before each timed method (see
-    :func:`specmoe.evaluation.cell.warm_up`)."""
+    """untimed warm-up generations of a batch of the cell's size before each timed method."""
     repeats: int = 1
-    """timed generations of every prompt batch per member (>= 1); a member's batch counts its fastest (see
-    :mod:`specmoe.evaluation.group`)."""
+    """timed generations of every prompt batch per member (>= 1); a member's batch counts its fastest."""
     seed: int = 0
     prompts_for_margin: Optional[float] = None
-    """grow each evaluation group's prompts (drawn from the dataset with the same seed) until every method's
-    speedup over AR has a 95 % interval of half-width <= this (0.02: ±2 %), or ``max_prompts``; null: the
-    dataset's prompts as listed (see :mod:`specmoe.evaluation.group`)."""
+    """grow each evaluation group's prompts (same-seed draws) until every method's speedup over AR has a 95 %
+    interval of half-width <= this (0.02: ±2 %), or ``max_prompts``; null: the dataset's prompts as listed."""
     max_prompts: int = 128
     """the cap of ``prompts_for_margin``: prompts per group at most."""
 

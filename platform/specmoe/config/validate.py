@@ -53,13 +53,8 @@ def _nested_config(obj: Any) -> bool:
 
 
 class Validator:
-    """Walks a plain value against a type, appending :class:`Problem` s.
-
-    Args:
-        problems: list to append to.
-        origin_of: dotted key -> file that set it.
-        check_plugins: resolve component names against the registries (import the plugin classes).
-    """
+    """Walks a plain value against a type, appending :class:`Problem` s to ``problems``. ``origin_of``: dotted key
+    -> file that set it; ``check_plugins``: resolve component names against the registries (imports plugins)."""
 
     def __init__(self, problems: list[Problem], origin_of: Callable[[str], str], check_plugins: bool = True):
         self.problems = problems
@@ -73,7 +68,6 @@ class Validator:
     def _join(path: str, key: Any) -> str:
         return f"{path}.{key}" if path else str(key)
 
-    # ------------------------------------------------------------------ generic conversion
     def convert(self, value: Any, tp: Any, path: str, kind: str | None = None) -> Any:
         origin = typing.get_origin(tp)
         args = typing.get_args(tp)
@@ -150,10 +144,9 @@ class Validator:
         return value
 
     def dataclass(self, value: Any, tp: type, path: str, defaults: Any = None) -> Any:
-        """Convert a mapping to the dataclass ``tp``. Keys the mapping leaves out take their values from
-        ``defaults`` (an instance of ``tp``: the default of the field holding this mapping) or else the
-        dataclass defaults; they are not validated again, so a partial mapping such as ``trainer:
-        {max_steps: 10}`` keeps every other option of the stage's own default, whatever its type."""
+        """Convert a mapping to the dataclass ``tp``. Omitted keys come, not validated again, from ``defaults``
+        (the field's default ``tp`` instance) or the dataclass defaults: ``trainer: {max_steps: 10}`` keeps every
+        other option of the stage's own default."""
         if not isinstance(value, dict):
             self.error(path or "(top level)", f"expected a mapping for {tp.__name__}, got {_describe(value)}")
             return None
@@ -193,7 +186,6 @@ class Validator:
         except Exception:  # noqa: BLE001 - already reported
             return None
 
-    # ------------------------------------------------------------------ components
     def component(self, value: Any, kind: str, path: str) -> Component | None:
         from specmoe.registry import registry_for
 

@@ -1,8 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Benchmark data: locating files (local or hub), the dataset plugin base class, prompt rendering.
-
-Nothing heavy is imported here: tokenizers are passed in by the caller.
-"""
+"""Benchmark data: locating files (local or hub), the dataset plugin base class, prompt rendering."""
 
 from __future__ import annotations
 

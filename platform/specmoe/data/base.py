@@ -1,10 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The common base of the benchmark ``dataset`` plugins: sources, subset selection, field access.
-
-A plugin declares where its files live (class attributes) and how one record becomes a
-:class:`~specmoe.interfaces.dataset.Sample` (:meth:`BenchmarkDataset.to_sample`); everything else
-(locating the file, reading it, ``limit`` / ``seed`` / ``shuffle``) is shared.
-"""
+"""The common base of the benchmark ``dataset`` plugins: sources, subset selection, field access."""
 
 from __future__ import annotations
 
@@ -24,18 +19,9 @@ __all__ = ["BenchmarkDataset", "select_indices"]
 
 def select_indices(pool: Sequence[int], limit: Optional[int], seed: Optional[int],
                    shuffle: bool) -> list[int]:
-    """Pick the indices to keep.
-
-    Args:
-        pool: candidate record indices, in file order.
-        limit: keep at most this many (None: all).
-        seed: with ``limit``, the seed of a uniformly random subset (kept in file order); None takes the
-            first ``limit``. Also seeds ``shuffle`` (0 when None).
-        shuffle: return the kept indices in a seeded random order instead of file order.
-
-    Returns:
-        The selected indices; the same arguments always give the same list.
-    """
+    """The indices of ``pool`` (file order) to keep, deterministically: at most ``limit`` (None: all); with
+    ``limit``, ``seed`` picks a uniformly random subset kept in file order (None: the first ``limit``);
+    ``shuffle``: in a random order seeded by ``seed`` (0 when None)."""
     keep = list(pool)
     if limit is not None and limit < len(keep):
         keep = keep[:limit] if seed is None else sorted(random.Random(seed).sample(keep, limit))
@@ -45,11 +31,8 @@ def select_indices(pool: Sequence[int], limit: Optional[int], seed: Optional[int
 
 
 class BenchmarkDataset(Dataset):
-    """A benchmark read from a local file or a hub dataset repository.
-
-    Subclasses set :attr:`key`, :attr:`files` and (optionally) :attr:`hub_repo` / :attr:`hub_files`, and
-    implement :meth:`to_sample`. Their ``Config`` subclasses :class:`BenchmarkDataset.Config`.
-    """
+    """A benchmark read from a local file or a hub dataset repository. Subclasses set :attr:`key`, :attr:`files`
+    and optionally :attr:`hub_repo` / :attr:`hub_files`, and implement :meth:`to_sample`."""
 
     #: registry name; prefixes sample ids and error messages
     key: ClassVar[str] = ""
@@ -95,7 +78,6 @@ class BenchmarkDataset(Dataset):
             raise UserError(f"dataset {self.key}: `limit` must be >= 1 or null, got {self.config.limit}")
         self.source: Optional[Path] = None
 
-    # ------------------------------------------------------------------ sources
     @property
     def chat(self) -> bool:
         """Whether this dataset's samples are rendered with the chat template."""
@@ -129,7 +111,6 @@ class BenchmarkDataset(Dataset):
         self.source, records = self.read(self.request())
         return records
 
-    # ------------------------------------------------------------------ selection
     def candidates(self, records: list[dict[str, Any]]) -> list[int]:
         """Record indices eligible for selection (default: all)."""
         return list(range(len(records)))
@@ -145,13 +126,9 @@ class BenchmarkDataset(Dataset):
     def to_sample(self, index: int, rec: dict[str, Any]) -> Sample:
         """Turn record ``index`` of the file into a :class:`Sample` (each benchmark's own format)."""
 
-    # ------------------------------------------------------------------ helpers
     def field(self, rec: dict[str, Any], index: int, *names: str) -> Any:
-        """The first of ``names`` present in ``rec`` (local and hub copies name some fields differently).
-
-        Raises:
-            UserError: none present; names the file, the record and the fields it has.
-        """
+        """The first of ``names`` present in ``rec`` (local and hub copies name some fields differently);
+        ``UserError`` when none is."""
         for name in names:
             if name in rec and rec[name] is not None:
                 return rec[name]

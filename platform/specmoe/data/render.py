@@ -1,24 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Turning a :class:`~specmoe.interfaces.dataset.Sample` turn into prompt token ids for a HF tokenizer.
 
-* ``sample.chat == False``: ``turns[0]`` is a raw completion prompt, tokenized as text with the tokenizer's
-  usual special tokens (a BOS where the model expects one).
-* ``sample.chat == True``: the conversation so far (user turns, with the model's previous answers between
-  them) goes through ``tokenizer.apply_chat_template(..., add_generation_prompt=True)`` when the tokenizer
-  has a chat template. A tokenizer without one (the locally trained tiny tokenizers) gets the plain fallback
+* ``sample.chat == False``: ``turns[0]`` is a raw completion prompt, tokenized with the usual special tokens.
+* ``sample.chat == True``: the conversation so far (user turns, the model's previous answers between them)
+  goes through ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``; a tokenizer without a chat
+  template gets the plain fallback: ``"User: ...\\n"`` / ``"Assistant: ...\\n"`` lines ending with
+  ``"Assistant:"`` (an optional ``"System: ...\\n"`` first).
 
-  .. code-block:: text
-
-      User: <turn 1>
-      Assistant: <answer 1>
-      User: <turn 2>
-      Assistant:
-
-  i.e. one ``"User: ...\\n"`` / ``"Assistant: ...\\n"`` line pair per exchange, ending with ``"Assistant:"``
-  (an optional system prompt comes first as ``"System: ...\\n"``).
-
-Multi-turn benchmarks (MT-Bench) are generated one turn at a time: turn ``k`` is rendered with the model's
-answers to turns ``0..k-1`` (see :func:`render_turn`).
+Multi-turn benchmarks are generated one turn at a time: turn ``k`` with the model's answers to turns ``0..k-1``.
 """
 
 from __future__ import annotations
@@ -43,17 +32,9 @@ def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 def messages_for_turn(sample: Sample, turn: int = 0, answers: Sequence[str] = (),
                       system: Optional[str] = None) -> list[dict[str, str]]:
-    """The chat messages that precede the model's answer to ``sample.turns[turn]``.
-
-    Args:
-        sample: the benchmark item.
-        turn: index of the user turn to answer.
-        answers: the model's answers to turns ``0..turn-1`` (at least ``turn`` of them).
-        system: optional system prompt.
-
-    Returns:
-        ``[{"role": ..., "content": ...}, ...]`` ending with the user message ``turns[turn]``.
-    """
+    """The chat messages ``[{"role": ..., "content": ...}, ...]`` that precede the model's answer to
+    ``sample.turns[turn]``, ending with that user message; ``answers``: the model's answers to turns
+    ``0..turn-1`` (at least ``turn`` of them)."""
     if not 0 <= turn < len(sample.turns):
         raise UserError(f"sample {sample.id}: turn {turn} requested, it has {len(sample.turns)} turn(s)")
     if len(answers) < turn:
@@ -76,14 +57,10 @@ def plain_chat_text(messages: Sequence[dict[str, str]]) -> str:
 
 def prompt_text(tokenizer: PreTrainedTokenizerBase, sample: Sample, turn: int = 0, answers: Sequence[str] = (),
                 system: Optional[str] = None) -> tuple[str, bool]:
-    """The prompt as text, and whether it must be tokenized with the tokenizer's special tokens.
-
-    Text rendered by a chat template already holds its special tokens (so ``False``); raw prompts and the
-    plain fallback are tokenized like ordinary text (``True``).
-    """
-    msgs = messages_for_turn(sample, turn, answers, system)  # also checks turn / answers
+    """The prompt as text, and whether it must be tokenized with the tokenizer's special tokens (``False`` for
+    chat-template output, which already holds them)."""
+    msgs = messages_for_turn(sample, turn, answers, system)
     if not sample.chat:
-        # completion prompts: earlier turns and answers are simply concatenated (no system prompt)
         return "".join(m["content"] for m in msgs if m["role"] != "system"), True
     if has_chat_template(tokenizer):
         text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
@@ -93,18 +70,8 @@ def prompt_text(tokenizer: PreTrainedTokenizerBase, sample: Sample, turn: int = 
 
 def render_turn(tokenizer: PreTrainedTokenizerBase, sample: Sample, turn: int = 0, answers: Sequence[str] = (),
                 system: Optional[str] = None) -> list[int]:
-    """Prompt token ids for answering ``sample.turns[turn]``.
-
-    Args:
-        tokenizer: a Hugging Face tokenizer (``PreTrainedTokenizerBase``).
-        sample: the benchmark item.
-        turn: which user turn to answer (0 for single-turn benchmarks).
-        answers: the model's decoded answers to the earlier turns (multi-turn only).
-        system: optional system prompt (chat samples only).
-
-    Returns:
-        ``[L]`` prompt token ids (a plain list of ints).
-    """
+    """Prompt token ids (a list of ints) for answering ``sample.turns[turn]``, given the model's decoded
+    ``answers`` to the earlier turns; ``system``: optional system prompt (chat samples only)."""
     text, special = prompt_text(tokenizer, sample, turn, answers, system)
     ids = tokenizer(text, add_special_tokens=special)["input_ids"]
     return [int(t) for t in ids]

@@ -13,16 +13,9 @@ __all__ = ["load_samples"]
 
 
 def load_samples(specs: Sequence[Any], where: str, data_dir: Optional[Path] = None) -> list[Sample]:
-    """The samples of every dataset component, in order.
-
-    Args:
-        specs: :class:`~specmoe.config.schema.Component` s of kind ``dataset`` (see
-            :func:`specmoe.stages.options.option_components`).
-        where: the option's dotted key, for messages.
-        data_dir: fills in ``data_dir`` of datasets that set neither ``data_dir`` nor ``path``.
-
-    Sample ids are prefixed with ``<name>/`` when two datasets would otherwise collide.
-    """
+    """The samples of every dataset component of ``specs``, in order; ``where``: the option's dotted key, for
+    messages; ``data_dir`` fills in datasets that set neither ``data_dir`` nor ``path``. Sample ids are prefixed
+    with ``<name>/`` when two datasets would otherwise collide."""
     out: list[Sample] = []
     seen: set[str] = set()
     for i, comp in enumerate(specs):

@@ -1,19 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Finding and reading benchmark files.
 
-A benchmark file is looked for, in this order:
-
-1. an explicit ``path`` from the recipe (when set, it must exist: it is never silently skipped);
-2. ``<data_dir>/<relative path>`` where ``data_dir`` is the dataset's ``data_dir`` option, then the running
-   recipe's top-level ``data_dir`` (:func:`run_data_dir`);
-3. ``$SPECMOE_DATA_DIR/<relative path>`` (the same layout as the project's ``shared/data/`` folder:
-   ``gsm8k/test.jsonl``, ``humaneval/HumanEval.jsonl.gz``, ...);
-4. a file of a Hugging Face hub *dataset* repository, fetched with ``huggingface_hub.hf_hub_download``.
-   With ``HF_HUB_OFFLINE=1`` only the local hub cache is consulted (nothing is downloaded).
-
-When nothing is found a :class:`~specmoe.errors.UserError` lists every place tried and how to fix it.
-Readers understand ``.jsonl``, ``.jsonl.gz`` (gzip), ``.json`` (an array of records) and ``.parquet``
-(needs ``pyarrow``, only for hub files).
+A benchmark file is looked for, in this order: an explicit ``path`` (must exist when set); ``<data_dir>/<relative
+path>`` for the dataset's ``data_dir`` option, then the running recipe's (:func:`run_data_dir`), then
+``$SPECMOE_DATA_DIR`` (the layout of ``shared/data/``); a file of a hub *dataset* repository (with
+``HF_HUB_OFFLINE=1`` only the local hub cache). When nothing is found a ``UserError`` lists every place tried.
 """
 
 from __future__ import annotations
@@ -41,8 +32,7 @@ _RUN_DATA_DIR: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("s
 @contextlib.contextmanager
 def run_data_dir(path: Optional[str]):
     """Within this block datasets also look under ``path`` (after their own ``data_dir`` option, before
-    ``$SPECMOE_DATA_DIR``): how a recipe's top-level ``data_dir`` reaches them without touching
-    ``os.environ``."""
+    ``$SPECMOE_DATA_DIR``), without touching ``os.environ``."""
     token = _RUN_DATA_DIR.set(str(path) if path else None)
     try:
         yield
@@ -66,10 +56,8 @@ class DataRequest:
         what: a label for messages, e.g. ``"gsm8k (split 'test')"``.
         relative: path under a data directory, e.g. ``"gsm8k/test.jsonl"``.
         path: explicit file from the recipe; wins over everything else.
-        data_dir: the dataset's ``data_dir`` option.
         hub_id: hub dataset repository, e.g. ``"openai/gsm8k"``; None = no hub fallback.
-        hub_file: file inside that repository, e.g. ``"main/test-00000-of-00001.parquet"``.
-        revision: hub revision (branch, tag or commit); None = the default branch.
+        revision: hub revision; None = the default branch.
     """
 
     what: str
@@ -101,11 +89,7 @@ def _hub_fetch(req: DataRequest, tried: list[str]) -> Optional[Path]:
 
 
 def locate(req: DataRequest) -> Path:
-    """Return the first existing file for ``req`` (see the module docstring for the order).
-
-    Raises:
-        UserError: nothing found; the message lists every place tried and how to provide the file.
-    """
+    """The first existing file for ``req`` (in the module docstring's order); ``UserError`` when none."""
     tried: list[str] = []
     if req.path:
         p = Path(req.path).expanduser()
@@ -175,16 +159,8 @@ def _parquet(path: Path, drop_columns: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def read_records(path: Path, drop_columns: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """Read every record of a benchmark file, chosen by suffix.
-
-    Args:
-        path: a ``.jsonl``, ``.jsonl.gz``/``.gz``, ``.json`` (array of objects, or an object whose only
-            list value holds them) or ``.parquet`` file.
-        drop_columns: parquet columns not to read (e.g. images).
-
-    Returns:
-        The records in file order.
-    """
+    """Every record of a ``.jsonl``, ``.jsonl.gz``/``.gz``, ``.json`` (array of objects, or an object whose only
+    list value holds them) or ``.parquet`` file, in file order; ``drop_columns``: parquet columns not to read."""
     name = path.name.lower()
     if name.endswith(".gz"):
         with gzip.open(path, "rt", encoding="utf-8") as fh:

@@ -1,6 +1,4 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The decoding engine: draft -> predict -> select -> verify -> accept (``engine``), the autoregressive
-reference (``ar``), lossless acceptance, stop rules, selection building blocks and per-step records.
-
-Depends on :mod:`specmoe.interfaces` only (never on training, evaluation, tracking or plugins).
+"""The decoding engine (``engine``), the autoregressive reference (``ar``), lossless acceptance, stop rules,
+selection building blocks and per-step records. Depends on :mod:`specmoe.interfaces` only.
 """

@@ -1,14 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Lossless acceptance on a verified draft tree.
 
-Greedy (T = 0): walk from the root, at each node move to the child whose token equals the target's argmax
-there; the bonus token is the target's argmax at the last accepted node.
-
-Sampling (T > 0): multi-candidate recursive rejection with deterministic drafts (EAGLE/SGLang): at the
-current node with target distribution p, try the children in order; child x is accepted with probability
-p(x); on rejection p(x) is set to 0 and p renormalised. If every child is rejected, the bonus token is drawn
-from the residual p; after a fully accepted path it is drawn from p at the last node. The output then has
-exactly the target's distribution.
+Greedy (T = 0): from the root, move to the child whose token is the target's argmax; the bonus token is the argmax
+at the last accepted node. Sampling (T > 0): recursive rejection with deterministic drafts (EAGLE/SGLang): child
+``x`` is accepted with probability ``p(x)``, else ``p(x) = 0`` and ``p`` renormalised; the bonus is drawn from the
+residual (or from ``p`` after a full path). The output has exactly the target's distribution.
 """
 
 from __future__ import annotations
@@ -22,12 +18,8 @@ __all__ = ["Acceptance", "target_probs", "greedy_accept", "greedy_walk", "greedy
 
 @dataclass
 class Acceptance:
-    """Result for one row.
-
-    Attributes:
-        path: indices (into the verified nodes) of the accepted root-to-node path, root first.
-        bonus: the token the target emits after the path.
-    """
+    """Result for one row: ``path``, indices (into the verified nodes) of the accepted root-to-node path, root
+    first; ``bonus``, the token the target emits after it."""
 
     path: list[int]
     bonus: int
@@ -67,20 +59,13 @@ def greedy_walk(argmax: list[int], toks: list[int], parents: list[int], valid: l
 
 def greedy_paths(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor, ancestors: torch.Tensor,
                  logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`greedy_accept` for a whole batch in a fixed number of tensor operations (no host sync).
-
-    A node is on the accepted path when it and every ancestor below the root carry the target's argmax at
-    their parent and are the first valid child of their parent with that token (the order the sequential walk
-    tries children in). At most one child per node qualifies, so the accepted nodes form one root path.
+    """:func:`greedy_accept` for a whole batch in tensor operations (no host sync) -> ``(path [B, M] bool,
+    bonus [B] int64)``: the accepted nodes (root included when valid) and the target's argmax at the deepest.
 
     Args:
         tokens, parents, valid: ``[B, M]`` of the verified nodes (parents precede children).
         ancestors: ``[B, M, M]`` bool ancestor-or-self matrix.
         logits: ``[B, M, V]``.
-
-    Returns:
-        ``(path [B, M] bool, bonus [B] int64)``: the accepted nodes (root included when valid) and the target's
-        argmax at the deepest of them.
     """
     m = tokens.shape[1]
     best = logits.argmax(dim=-1)  # [B, M]
@@ -117,7 +102,7 @@ def sample_accept(tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tens
             p = p.clone()
             p[x] = 0.0
             total = p.sum()
-            if float(total) <= 0.0:  # numerically everything was rejected; only happens if p was one-hot
+            if float(total) <= 0.0:  # everything rejected (p was one-hot)
                 break
             p = p / total
         if not moved:

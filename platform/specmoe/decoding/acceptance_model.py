@@ -1,30 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Acceptance model: the probability that a draft node's whole root-to-node path is accepted.
 
-The model calibrates *edges*: the probability that a node is accepted given that its parent was, from the drafter's
-conditional probability of that edge ``q = P(path) / P(parent's path)``, the node's depth and the edge's share among
-its drafted siblings ``s = q / sum of q over the parent's drafted children``, per temperature: a logistic ``c =
-sigmoid(w0 + w1 * logit(q) + w2 * depth + w3 * log(s))``. The share is what the drafter prefers among the
-alternatives the tree holds: an under-confident drafter spreads ``q`` thin (EAGLE-3 on the demo target at T = 0:
-edges of ``q`` 0.08-0.13 are accepted 27-69 % of the time), and ``q`` alone tells the accepted child from its
-sibling poorly. On the demo's trained stages (goodput always speculating, batch 2, 8 GSM8K prompts) the share term
-lowers the Brier score of the edge outcomes from 0.15 to 0.08. A path is accepted when each of its edges is, so
-``a(node) = prod of c over the path`` (:meth:`AcceptanceModel.predict_paths`): a child is never predicted likelier
-than its parent, whatever the weights. (Calibrating the path probability in one logistic instead cannot fix a
-drafter whose every edge is under-confident: the error compounds with depth, and a depth weight that could undo it
-would let children beat their parents.) The Gaussian prior is centred on ``w = (0, 1, 0, 0)``, i.e. ``c = q`` and
-``a = P(path)``: the draft's own probabilities taken at face value, so an unfitted model is usable. It is refitted
-(MAP, Newton) on a sliding window of edge outcomes: every verified non-root node whose parent was accepted, a
-success when it was accepted too. ``w1 >= 0`` and ``w3 >= 0`` are enforced.
-
-``first=True`` adds a fifth feature, whether the edge is its parent's likeliest drafted child (``w4 * [q = max of the
-siblings' q]``, prior 0, ``w4 >= 0``): at T = 0 siblings are exclusive (at most one child of an accepted node is
-accepted) and a trained draft's argmax is accepted most of the time even where its share is about even, which a
-logistic in ``log s`` alone cannot express (the tree selectors' node values use it,
-:mod:`specmoe.decoding.node_values`; goodput keeps the four features).
-
-Calibration is reported on the window's edge outcomes as the Brier score and the expected calibration error
-(ECE, equal-width bins).
+Per temperature, a logistic calibrates *edges* (acceptance given the parent's): ``c = sigmoid(w0 + w1 * logit(q)
++ w2 * depth + w3 * log(s))`` with ``q = P(path) / P(parent's path)`` and ``s = q / sum of q over the parent's
+drafted children``. A path's value is the product of ``c`` over its edges (:meth:`AcceptanceModel.predict_paths`),
+so a child is never likelier than its parent. The Gaussian prior is centred on ``w = (0, 1, 0, 0)`` (``c = q``);
+MAP refits on a sliding window of edge outcomes (verified non-root nodes whose parent was accepted); ``w1, w3 >=
+0`` enforced. ``first=True`` adds ``w4 >= 0`` on whether the edge is its parent's likeliest child.
 """
 
 from __future__ import annotations
@@ -36,9 +18,7 @@ import numpy as np
 __all__ = ["AcceptanceModel", "brier_score", "expected_calibration_error", "temperature_key"]
 
 _PRIOR = np.array([0.0, 1.0, 0.0, 0.0])
-#: relative prior precision of (bias, slope, depth, share): a drafter's probabilities are often off by a
-#: roughly constant factor in odds (EAGLE-3 heads trained with a soft target are under-confident at T = 0),
-#: which the bias absorbs from a few dozen outcomes; the other terms move only with more evidence
+#: relative prior precision of (bias, slope, depth, share): the bias moves first, the others with more evidence
 _PRIOR_SCALE = np.array([0.05, 1.0, 1.0, 0.05])
 #: the fifth weight (likeliest child) with ``first=True``: prior 0, as weak as the bias
 _FIRST_PRIOR, _FIRST_SCALE = 0.0, 0.05
@@ -62,9 +42,8 @@ def _features(logp: np.ndarray, depth: np.ndarray, share: np.ndarray | None = No
 
 
 def _tree_edges(path_logp: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Flat ``[B*N]`` parent indices, edge log-probabilities ``log q``, sibling shares ``s`` and whether the edge is
-    its parent's likeliest child, of a tree (roots and padding: share 1; padding nodes, ``-inf`` / NaN path
-    probabilities, weigh nothing)."""
+    """Flat ``[B*N]`` parent indices, edge ``log q``, sibling shares ``s`` and likeliest-child flags of a tree
+    (roots and padding: share 1; ``-inf`` / NaN path probabilities weigh nothing)."""
     lp = np.asarray(path_logp, dtype=np.float64)
     par = np.asarray(parents, dtype=np.int64)
     b, n = lp.shape
@@ -91,8 +70,8 @@ _MONOTONE = (1, 3)
 
 def _map_fit(x: np.ndarray, y: np.ndarray, lam: np.ndarray, fixed: set[int],
              prior: np.ndarray = _PRIOR) -> np.ndarray:
-    """MAP logistic weights (Gaussian prior ``prior``, precisions ``lam``) by Newton with backtracking
-    (plain Newton can diverge on logistic losses); the weights in ``fixed`` stay at 0."""
+    """MAP logistic weights (Gaussian prior ``prior``, precisions ``lam``) by damped Newton; the weights in
+    ``fixed`` stay at 0."""
     free = np.array([i for i in range(len(prior)) if i not in fixed])
     w = prior.copy()
     w[list(fixed)] = 0.0
@@ -125,10 +104,8 @@ def brier_score(pred: np.ndarray, outcome: np.ndarray) -> float:
 
 
 def expected_calibration_error(pred: np.ndarray, outcome: np.ndarray, bins: int = 10) -> float:
-    """``sum_b n_b / n * |mean(pred_b) - mean(outcome_b)|`` over ``bins`` equal-width probability bins (in float64;
-    a probability of exactly 1 is in the last bin). Not torchmetrics' ``binary_calibration_error``: it bins in
-    float32 against ``linspace`` edges and gives 1.0 a bin of its own, which moved the reported ECE by up to 0.02
-    on the same predictions (tried on random and rounded ones)."""
+    """``sum_b n_b / n * |mean(pred_b) - mean(outcome_b)|`` over ``bins`` equal-width bins (float64; 1.0 is in
+    the last bin). Not torchmetrics' ``binary_calibration_error``: it bins in float32 and gives 1.0 its own bin."""
     pred, outcome = np.asarray(pred, np.float64), np.asarray(outcome, np.float64)
     if pred.size == 0:
         return float("nan")
@@ -163,10 +140,9 @@ class AcceptanceModel:
 
     Args:
         window: outcomes kept per temperature.
-        refit_every: refit after this many new outcomes (sooner while the window is small: after 8 new
-            outcomes, or a quarter of the window's, whichever is more, so the first outcomes count at once).
-        prior_strength: precision of the Gaussian prior around ``a = P(path)`` (in outcomes' worth) on the slope
-            and depth weights; the bias and share weights get a twentieth of it.
+        refit_every: refit after this many new outcomes (sooner while the window holds few: ``max(8, n / 4)``).
+        prior_strength: prior precision (in outcomes' worth) of the slope and depth weights; the bias and share
+            weights get a twentieth of it.
     """
 
     def __init__(self, window: int = 4096, refit_every: int = 128, prior_strength: float = 20.0,
@@ -194,9 +170,8 @@ class AcceptanceModel:
 
     def predict(self, edge_logp: np.ndarray, depth: np.ndarray, temperature: float,
                 share: np.ndarray | None = None, first: np.ndarray | None = None) -> np.ndarray:
-        """Edge acceptance probabilities ``c`` from edge log-probabilities ``log q`` (same shape; ``depth`` and
-        the sibling shares ``share`` broadcastable to it, ``None``: 1, an only child). A node's path acceptance
-        is :meth:`predict_paths`."""
+        """Edge acceptance probabilities ``c`` from edge ``log q`` (same shape; ``depth`` and ``share``
+        broadcastable to it, ``share=None``: 1)."""
         if self.first and first is None:
             first = np.ones(np.shape(edge_logp))  # an only child is its parent's likeliest
         return _sigmoid(_features(edge_logp, depth, share, first if self.first else None)
@@ -204,13 +179,8 @@ class AcceptanceModel:
 
     def predict_paths(self, path_logp: np.ndarray, parents: np.ndarray, depth: np.ndarray,
                       temperature: float) -> np.ndarray:
-        """Path acceptance ``[B, N]`` of a tree: the product of the calibrated edge probabilities from the root
-        (1 at roots; padding nodes get unspecified values).
-
-        Args:
-            path_logp, parents, depth: the tree's ``[B, N]`` path log-probabilities, parent indices (-1 at the
-                root) and depths (parents precede children; depth = parent's depth + 1).
-        """
+        """Path acceptance ``[B, N]`` (product of calibrated edges; 1 at roots, padding unspecified) of a tree's
+        ``[B, N]`` path log-probabilities, parents (-1 at roots; before children) and depths (parent's + 1)."""
         par = np.asarray(parents, dtype=np.int64)
         dep = np.asarray(depth, dtype=np.int64)
         b, n = par.shape
@@ -225,9 +195,8 @@ class AcceptanceModel:
 
     def observe_paths(self, path_logp: np.ndarray, parents: np.ndarray, depth: np.ndarray, verified: np.ndarray,
                       accepted: np.ndarray, temperature: float) -> int:
-        """Add the edge outcomes of a verified tree (``[B, N]`` arrays; ``verified``/``accepted`` bool, the
-        accepted path's nodes including the root): every verified non-root node whose parent was accepted.
-        Returns the number of outcomes added."""
+        """Add the edge outcomes of a verified tree (``[B, N]`` arrays; ``accepted``: the accepted path, root
+        included); returns the number of outcomes added."""
         par = np.asarray(parents, dtype=np.int64)
         acc = np.asarray(accepted, dtype=bool)
         flat_par, edge, share, first = _tree_edges(path_logp, par)
@@ -240,9 +209,8 @@ class AcceptanceModel:
 
     def observe(self, edge_logp: np.ndarray, depth: np.ndarray, accepted: np.ndarray, temperature: float,
                 share: np.ndarray | None = None, first: np.ndarray | None = None) -> None:
-        """Add edge outcomes (flat arrays: the edge's log-probability ``log q``, the node's depth, whether it
-        was accepted given its parent was, the edge's sibling share, ``None``: 1); refits as the class
-        docstring says."""
+        """Add edge outcomes (flat arrays: ``log q``, depth, accepted given the parent was, sibling share
+        (``None``: 1)); refits as the class docstring says."""
         key = temperature_key(temperature)
         if self.first:
             first = np.ones(np.size(edge_logp)) if first is None else np.ravel(first)
@@ -257,9 +225,8 @@ class AcceptanceModel:
             self.refit(key)
 
     def refit(self, temperature: float) -> None:
-        """MAP logistic fit of the window at ``temperature`` (Newton), monotonicity enforced: a slope or share
-        weight the fit wants negative is fixed at 0 and the other weights are fitted again (clamping it
-        afterwards would leave the others fitted to the negative value)."""
+        """MAP logistic fit of the window at ``temperature``; a monotone weight the fit wants negative is fixed at
+        0 and the others refitted."""
         key = temperature_key(temperature)
         self._since[key] = 0
         win = self._win.get(key)

@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Analysis of decoding steps (unique experts, cumulative unions, predictor overlap), computed from each step's
-routing after the timed region, so that they cost the measured decoding nothing."""
+"""Analysis of decoding steps (unique experts, cumulative unions, predictor overlap), run after the timed region."""
 
 from __future__ import annotations
 
@@ -21,11 +20,8 @@ def experts_per_layer(routing: torch.Tensor, valid: torch.Tensor, num_experts: i
 
 
 def routing_stats(routing: torch.Tensor, valid: torch.Tensor, num_experts: int) -> tuple[list[float], torch.Tensor]:
-    """Cumulative E over the first k tokens (k = 1..M) and per-expert activation counts ``[L, E]``.
-
-    Args:
-        routing: ``[B, M, L, K]`` chosen experts; valid: ``[B, M]``.
-    """
+    """Cumulative E over the first k tokens (k = 1..M) and per-expert activation counts ``[L, E]`` of
+    ``routing [B, M, L, K]`` over ``valid [B, M]``."""
     b, m, n_layers, _ = routing.shape
     hits = torch.zeros(b, m, n_layers, num_experts + 1, dtype=torch.bool, device=routing.device)
     hits.scatter_(-1, routing.clamp(max=num_experts), True)
@@ -37,15 +33,8 @@ def routing_stats(routing: torch.Tensor, valid: torch.Tensor, num_experts: int) 
 
 def prediction_overlap(experts: torch.Tensor, order: torch.Tensor, valid: torch.Tensor,
                        routing: torch.Tensor) -> tuple[int, int]:
-    """Top-K overlap of predicted and actual experts of the verified nodes.
-
-    Args:
-        experts: ``[B, N, L, E]`` predicted sets of the pool; order: ``[B, M]`` pool index of each verified
-            node; valid: ``[B, M]``; routing: ``[B, M, L, K]`` the router's choice in the verification pass.
-
-    Returns:
-        ``(hits, total)`` with total = valid tokens x L x K.
-    """
+    """Top-K overlap ``(hits, total = valid tokens x L x K)`` of predicted ``experts [B, N, L, E]`` (pool) and
+    the router's ``routing [B, M, L, K]`` at the verified nodes (``order [B, M]`` pool indices, ``valid [B, M]``)."""
     b, m = order.shape
     pred = experts.gather(1, order[:, :, None, None].expand(b, m, *experts.shape[2:]))  # [B, M, L, E]
     hit = pred.gather(-1, routing) & valid[:, :, None, None]

@@ -2,13 +2,8 @@
 """Plain autoregressive decoding: the reference for correctness (speculative output must equal it at T = 0)
 and for speed (speedup is relative to it).
 
-It is an honest baseline: one token per pass through the same target forward as the speculative engine's
-verification (:meth:`Target.forward` with its preallocated KV state; for Hugging Face models the lean decoder
-where the architecture allows, see ``specmoe_plugins.targets.hf.lean``), so a speedup measures speculation, not a
-slower reference. Logits of the prompt pass at each row's last position only (as ``generate``), one host read
-per step at T = 0, and the analysis (unique experts) after the timed region. ``transformers``' own ``generate``
-is the library's reference (``Target.native_generate``; ``platform bench engine`` times both, and the tests
-check that the two paths agree).
+Uses the same :meth:`Target.forward` as the engine's verification (no slower reference); one host read per step
+at T = 0; the analysis runs after the timed region.
 """
 
 from __future__ import annotations
@@ -32,10 +27,7 @@ __all__ = ["ar_generate"]
 def ar_generate(target: Target, prompts: Sequence[Sequence[int]], *, temperature: float, stop: StopRule,
                 seed: int = 0, capture_routing: bool = True,
                 clock: Callable[[], float] | None = None) -> Generation:
-    """Generate one token per target pass; rows of a batch are left-padded as ``generate`` does.
-
-    ``clock``: host clock of the step timings on non-CUDA devices (see :class:`~specmoe.decoding.clock.PhaseClock`).
-    """
+    """Generate one token per target pass. ``clock``: host clock of the step timings on non-CUDA devices."""
     check_ar(target, prompts, temperature=temperature, stop=stop, seed=seed)
     dev = target.device
     bsz = len(prompts)

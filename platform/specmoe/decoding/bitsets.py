@@ -1,10 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Packed expert sets: ``[..., L, E]`` bool -> ``[..., W]`` uint64 words (``W = ceil(L * E / 64)``).
 
-A node's (layer, expert) pairs become bits ``l * E + e`` of a row of 64-bit words, so a union is ``|``, a
-marginal cost ``|path \\ buffer|`` is ``popcount(path & ~buffer)`` summed over words, and at GPT-OSS-120B size
-(36 layers x 128 experts) one set is 72 words instead of 4608 bools. Packing happens on the host (one copy
-from the device); everything after it is numpy on a few kilobytes.
+(layer, expert) is bit ``l * E + e``: a union is ``|``, a marginal cost ``|path \\ buffer|`` is
+``popcount(path & ~buffer)``. Packing copies once from the device; the rest is host numpy.
 """
 
 from __future__ import annotations
@@ -16,11 +14,8 @@ __all__ = ["pack_sets", "pack_bytes_torch", "popcount_rows", "path_unions"]
 
 
 def pack_sets(sets: torch.Tensor) -> np.ndarray:
-    """``[..., L, E]`` bool (any device) -> ``[..., W]`` uint64 (host), zero-padded to whole words.
-
-    Off the CPU the bits are packed on the device first (:func:`pack_bytes_torch`), so one copy of ``W * 8``
-    bytes per set crosses to the host instead of ``L * E``.
-    """
+    """``[..., L, E]`` bool (any device) -> ``[..., W]`` uint64 (host), zero-padded to whole words (packed on
+    the device first off the CPU)."""
     lead = tuple(sets.shape[:-2])
     bits = sets.shape[-2] * sets.shape[-1]
     flat = sets.detach().reshape(-1, bits)
@@ -35,8 +30,7 @@ def pack_sets(sets: torch.Tensor) -> np.ndarray:
 
 
 def pack_bytes_torch(flat: torch.Tensor) -> torch.Tensor:
-    """``[M, bits]`` bool -> ``[M, ceil(bits / 8)]`` uint8 on the same device, little bit order (as
-    ``np.packbits(..., bitorder="little")``)."""
+    """``[M, bits]`` bool -> ``[M, ceil(bits / 8)]`` uint8 on the same device, as ``np.packbits(..., "little")``."""
     m, bits = flat.shape
     pad = (-bits) % 8
     x = torch.nn.functional.pad(flat.to(torch.uint8), (0, pad)).view(m, -1, 8)
@@ -51,17 +45,13 @@ def popcount_rows(words: np.ndarray) -> np.ndarray:
 
 def path_unions(sets: np.ndarray, parents: np.ndarray, depth: np.ndarray,
                 valid: np.ndarray | None = None) -> np.ndarray:
-    """Union of the packed sets on each root-to-node path.
+    """``[B, N, W]`` uint64 union of the packed sets on each root-to-node path.
 
     Args:
         sets: ``[B, N, W]`` uint64 per-node sets.
-        parents: ``[B, N]`` int64 parent index (``-1`` at the root).
-        depth: ``[B, N]`` int64 node depth (0 at the root), consistent with ``parents``.
+        parents: ``[B, N]`` int64 parent index (``-1`` at the root; if ``depth`` disagrees, before children).
+        depth: ``[B, N]`` int64 node depth (0 at the root).
         valid: ``[B, N]`` bool; padding nodes' unions are unspecified (default: every node is valid).
-
-    Returns:
-        ``[B, N, W]`` uint64. Computed one depth level at a time (one vectorised OR per level); if ``depth``
-        disagrees with ``parents`` it falls back to one OR per node in index order (parents precede children).
     """
     b, n, w = sets.shape
     out = sets.reshape(b * n, w).copy()

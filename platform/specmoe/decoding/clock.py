@@ -1,10 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Phase timing of decoding steps without host synchronisation.
 
-On a CUDA device every mark records an event on the current stream (the GPU's own timeline: the time a phase
-took as the device saw it, idle gaps waiting for the host included); the times are read once, after the timed
-region (:meth:`PhaseClock.seconds`), so timing adds no synchronisation to a step. Elsewhere a mark reads the
-host clock (``time.perf_counter``, or any clock given, e.g. ``time.thread_time`` on a shared CPU machine).
+On CUDA a mark records an event on the current stream, read once after the timed region
+(:meth:`PhaseClock.seconds`); elsewhere a mark reads the host clock (default ``time.perf_counter``).
 """
 
 from __future__ import annotations
@@ -24,12 +22,7 @@ def device_sync(device: torch.device | str) -> None:
 
 
 class PhaseClock:
-    """Marks points in time; differences between marks are read later.
-
-    Args:
-        device: the device the timed work runs on.
-        clock: host clock in seconds for non-CUDA devices (default ``time.perf_counter``).
-    """
+    """Marks points in time on ``device``; differences are read later (``clock``: host clock off CUDA)."""
 
     def __init__(self, device: torch.device, clock: Callable[[], float] | None = None) -> None:
         self.cuda = torch.device(device).type == "cuda"

@@ -1,30 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The speculative decoding loop: draft -> predict -> select -> verify (one target pass) -> accept.
 
-Verification is standard and lossless (see :mod:`specmoe.decoding.acceptance`); selectors only choose which
-tree nodes are verified. With a batch, every row is verified in the same target pass and the expert count
-``E`` is the union across the batch.
-
-A step reads device values on the host twice: the selection (its width, and the contract checks, in one read)
-and the acceptance (accepted paths, their tokens and the bonus tokens, in one read at T = 0; the sampling walk
-of T > 0 reads per node). Timing marks never synchronise (:class:`~specmoe.decoding.clock.PhaseClock`), and
-the analysis of a step (unique experts, cumulative unions, predictor overlap) is computed from the kept
-routing after the timed region (:meth:`SpeculativeEngine.generate` returns when both are done; ``wall_time``
-ends before the analysis).
-
-An adaptive selector (:class:`~specmoe.interfaces.selection.AdaptiveSelector`) costs more host reads, inside
-the timed region because they are part of what it does: the step's draft and prediction seconds before
-``plan`` (free on a CPU, one wait on a GPU) and, at the end of the step, its outcome for ``observe`` (timings,
-the unique experts of the pass's routing, the accepted nodes). Under its AR floor
-(:mod:`specmoe.decoding.ar_floor`) an AR step is one target pass over the roots with one host read (the next
-tokens); one AR step in ``ARFloor.observe_every`` is reported to ``observe``.
-
-A selector that ranks by calibrated node values (``Selector.node_values``: the tree selectors by default) gets
-``DraftTree.value`` set on every pool before ``select`` (:class:`~specmoe.decoding.node_values.NodeValues`,
-tensor operations on the device, no host read); each step's outcomes stay on the device and are handed to the
-calibration in one host read when the generation ends, after the timed region (so a step still reads the
-device twice). The calibration lives as long as the engine: each generation ranks by what the earlier ones
-taught it.
+Verification is lossless (:mod:`specmoe.decoding.acceptance`); selectors only choose which nodes are verified.
+All rows are verified in one target pass; ``E`` is the union across the batch. A step reads the device twice
+(selection width + contract checks; acceptance at T = 0, per node at T > 0); an adaptive selector adds reads for
+``plan`` / ``observe``. Timing marks never synchronise; the analysis and the node-value calibration run after the
+timed region (``wall_time`` ends before them). The calibration lives as long as the engine.
 """
 
 from __future__ import annotations
@@ -88,9 +69,8 @@ def next_tokens(logits: torch.Tensor, temperature: float, generator: torch.Gener
 
 
 def merge_committed(blocks: Sequence[Committed]) -> Committed:
-    """One :class:`Committed` of consecutive blocks: per row, the valid entries of each block in order (each
-    block's valid entries are a prefix of its row, as :func:`pad_rows` makes them). One host read for several
-    blocks, none for one."""
+    """One :class:`Committed` of consecutive blocks (each block's valid entries a prefix of its row); one host
+    read for several blocks, none for one."""
     if len(blocks) == 1:
         return blocks[0]
     dev = blocks[0].tokens.device
@@ -111,7 +91,7 @@ def merge_committed(blocks: Sequence[Committed]) -> Committed:
 
 @dataclass
 class StepTrace:
-    """What a step keeps for its analysis after the timed region (device tensors, no copies).
+    """What a step keeps for its analysis after the timed region (device tensors).
 
     Attributes:
         routing: ``[B, W, L, K]`` the router's choice in the verification pass.
@@ -120,8 +100,7 @@ class StepTrace:
         experts: ``[B, N, L, E]`` predicted sets of the pool (``None`` without predictions).
         selected: ``[B, N]`` the selection.
         kv_slots: cached KV slots per row before the verification pass.
-        marks: the step's :class:`~specmoe.decoding.clock.PhaseClock` marks: start, drafted, predicted,
-            selected, verified, end (``clock.seconds(marks[3], marks[4])`` is T_verify).
+        marks: PhaseClock marks: start, drafted, predicted, selected, verified, end.
     """
 
     routing: torch.Tensor
@@ -138,16 +117,11 @@ class _Run:
     """One generation's state, shared by its steps.
 
     Attributes:
-        pending: committed blocks the drafter (and predictor) have not absorbed yet: the prompt and first token,
-            then each AR step's token, or the last speculative step's accepted tokens.
+        pending: committed blocks the drafter (and predictor) have not absorbed yet.
         last_tok: each row's last committed token (the next step's root).
-        n_ar: AR steps taken (one in ``floor.observe_every`` is reported to the selector).
-        ar_attend: an AR step's ``[B, 1, 1]`` tree mask.
-        ar_pos: during a stretch of AR steps, ``[B]`` the position of each row's next root (the KV state's
-            next position, kept by the steps instead of counted from the cache each step).
-        ar_steps: the stretch's steps not yet handed to the drafter: (each row's new token, ``[B, 1]`` the rows
-            verified, ``[B, 1, F]`` features or ``None``); one :class:`Committed` of them at the next speculative
-            step (:meth:`SpeculativeEngine._ar_block`), built once instead of one per step.
+        ar_pos: during a stretch of AR steps, ``[B]`` the position of each row's next root.
+        ar_steps: AR steps not yet handed to the drafter: (each row's new token, ``[B, 1]`` rows verified,
+            ``[B, 1, F]`` features or ``None``).
     """
 
     bsz: int
@@ -174,20 +148,10 @@ class SpeculativeEngine:
     """Runs tree speculative decoding of ``target`` with the given components.
 
     Args:
-        target: the MoE model.
         drafter: proposes candidate pools (already ``setup`` on the target).
-        selector: chooses the nodes to verify.
         predictor: expert-set predictor (needed when ``selector.needs_experts``).
-        clock: host clock for the phase timings on non-CUDA devices (default ``time.perf_counter``; a shared CPU
-            machine may prefer ``time.thread_time``).
+        clock: host clock for the phase timings on non-CUDA devices (default ``time.perf_counter``).
         ar_floor: the AR floor policy (default: the one an adaptive selector asks for in ``ar_floor``, else none).
-
-    With an :class:`~specmoe.interfaces.selection.AdaptiveSelector` every speculative step calls ``plan`` with
-    the step's measured draft and prediction seconds, and every step (AR steps too) ends with ``observe``. Under
-    an AR floor (:mod:`specmoe.decoding.ar_floor`) some steps are plain AR steps: each active row's root alone
-    in one target pass, no drafting, prediction or selection; the tokens they commit, with the hidden states of
-    that pass as their features, are handed to the drafter and predictor at the next speculative step (one
-    :class:`Committed` of all of them, exactly what they would have absorbed step by step).
     """
 
     def __init__(self, target: Target, drafter: Drafter, selector: Selector,
@@ -208,20 +172,19 @@ class SpeculativeEngine:
             raise ValueError(f"an AR floor needs an adaptive selector (one with plan/observe); "
                              f"{type(selector).__name__} is not")
         self.floor = ar_floor
-        #: the online node-value calibration of a selector that ranks by it (None otherwise)
+        #: node-value calibration of a selector that ranks by it (None otherwise)
         self.values = NodeValues() if getattr(selector, "node_values", False) else None
 
     # ------------------------------------------------------------------ helpers
     def _selection_width(self, tree: DraftTree, sel: torch.Tensor, budget: int) -> tuple[int, int]:
-        """The longest row's selected nodes and the selected nodes of all rows, after checking the selector's
+        """``(width, total)`` selected nodes of the longest row and of all rows, after checking the selector's
         contract (one host read)."""
         name = type(self.selector).__name__
         if sel.shape != tree.tokens.shape or sel.dtype != torch.bool:
             raise SelectorError(f"selector {name} returned {tuple(sel.shape)} {sel.dtype}; expected "
                                 f"{tuple(tree.tokens.shape)} bool")
         counts = sel.sum(dim=1)
-        # one flag for every violation (a selected node that is padding or whose parent is not selected, a live
-        # row without its root); which one is worked out only when it is raised
+        # one flag for every violation; which one is worked out only when it is raised
         par_ok = sel.gather(1, tree.parents.clamp(min=0)) | (tree.parents < 0)
         bad = (sel & ~(tree.valid & par_ok)).any() | (tree.valid[:, 0] & ~sel[:, 0]).any()
         width, bad, total = torch.stack([counts.max(), bad, counts.sum()]).tolist()
@@ -239,8 +202,7 @@ class SpeculativeEngine:
                 rows: Sequence[int]) -> dict[int, tuple[list[int], list[int]]]:
         """``{row: (accepted node indices, committed tokens)}`` for the active ``rows``."""
         if temperature <= 0 and logits.device.type == "cpu":
-            # on the host the sequential walk costs a few list operations; the tensor form below (a fixed
-            # number of operations, no host sync) is for accelerators, where each host read is a sync
+            # sequential walk on the host; the tensor form below (no host sync) is for accelerators
             best = logits.argmax(dim=-1)
             w = best.shape[1]
             host = torch.cat([best, vt.tokens, vt.parents, vt.valid.long()], dim=1).tolist()  # one host read
@@ -298,8 +260,7 @@ class SpeculativeEngine:
 
     def _prefill(self, prompts: Sequence[Sequence[int]], temperature: float, stop: StopRule, seed: int,
                  clock: PhaseClock, capacity: int) -> "_Run":
-        """The prompt in one pass; the first token comes from the target. ``capacity``: KV slots a step may add
-        beyond the prompt and the new tokens (the largest pool plus the budget)."""
+        """The prompt in one pass; the first token comes from the target (``capacity``: KV slots a step may add)."""
         target = self.target
         dev = target.device
         bsz = len(prompts)
@@ -332,11 +293,8 @@ class SpeculativeEngine:
                     ar_attend=torch.ones(bsz, 1, 1, dtype=torch.bool, device=dev))
 
     def _ar_step(self, run: "_Run") -> None:
-        """One AR step under the floor: each active row's root alone in one target pass, one host read (the next
-        tokens). No drafting, prediction or selection; the tokens wait in ``run.ar_steps``, with the hidden states
-        of this pass as their features, for the next speculative step's drafter and predictor. Its host work is
-        kept to what ``ar``'s step does plus the floor's timing (an AR step of the floor cost 3.5 % more than an
-        ``ar`` step when each built a :class:`Committed` and counted positions from the cache)."""
+        """One AR step under the floor: each active row's root alone in one target pass, one host read. The tokens
+        wait in ``run.ar_steps``, with this pass's hidden states as features, for the next speculative step."""
         target, kv, clock, floor = self.target, run.kv, run.clock, self.floor
         dev, bsz = target.device, run.bsz
         rows = [b for b in range(bsz) if run.active[b]]
@@ -357,7 +315,6 @@ class SpeculativeEngine:
         else:
             run.ar_pos = base + 1
         accepted = self._extend(run.outputs, run.active, new_rows, rows, run.stop, run.last_tok)
-        # the new tokens (one per verified row), their feature: the hidden state at the root
         h = vout.hidden
         run.ar_steps.append(([r[0] if r else 0 for r in new_rows], sel_ar, None if h is None else h[:, :1]))
         if not all(run.active[b] for b in rows):
@@ -376,14 +333,13 @@ class SpeculativeEngine:
 
     @staticmethod
     def _ar_block(run: "_Run") -> Committed:
-        """The stretch of AR steps in ``run.ar_steps`` as one :class:`Committed` ``[B, steps]`` (each row's
-        valid entries a prefix: a finished row stays finished), emptied with ``run.ar_pos``."""
+        """``run.ar_steps`` as one :class:`Committed` ``[B, steps]`` (valid entries a prefix); empties them and
+        ``run.ar_pos``."""
         steps, first = run.ar_steps, run.ar_pos
         dev = first.device
         valid = torch.cat([v for _, v, _ in steps], dim=1)  # [B, w]
         tokens = torch.tensor(list(zip(*(t for t, _, _ in steps))), device=dev).reshape(valid.shape)
         w = valid.shape[1]
-        # each valid entry advanced its row by one: the first step's token sits one after its root
         positions = first[:, None] - valid.long().sum(dim=1, keepdim=True) + 1 + torch.arange(w, device=dev)
         feats = None
         if steps[0][2] is not None:
@@ -458,7 +414,6 @@ class SpeculativeEngine:
         t5 = clock.mark()
         if floor is not None:
             floor.observe_upkeep(clock.seconds(t4, t5))
-            # evidence, a fall-back charged; not where a stop rule cut a row's tokens
             floor.observe_step(clock.seconds(t0, t5), sum(accepted), len(rows), truncated=finished)
         run.records.append(StepRecord(accepted=accepted, verified=[], experts_per_layer=[],
                                       uncut=[len(new_rows[b]) for b in rows]))
@@ -493,9 +448,8 @@ class SpeculativeEngine:
                            accepted=accepted)
 
     def _analyse(self, records: list[StepRecord], traces: list[StepTrace], clock: PhaseClock) -> torch.Tensor:
-        """Fill the records' timings and analysis fields (after the timed region); returns the ``[L, E]``
-        activation counts of the verified tokens. The node-value calibration learns the generation's outcomes
-        here too (its one host read)."""
+        """Fill the records' timings and analysis fields (after the timed region; flushes the node values);
+        returns the ``[L, E]`` activation counts of the verified tokens."""
         if self.values is not None:
             self.values.flush()
         target = self.target
@@ -520,8 +474,8 @@ class SpeculativeEngine:
     @staticmethod
     def _committed(rows: list[list[int]], paths: list[list[int]], hidden: torch.Tensor | None,
                    base: torch.Tensor, dev: torch.device) -> Committed:
-        """The next step's :class:`Committed`: each row's new tokens, and as their features the verification
-        pass's hidden states at the accepted path (the position before each token)."""
+        """The next step's :class:`Committed`: each row's new tokens, with the verification pass's hidden states
+        at the accepted path as features."""
         ids, valid = pad_rows(rows, dev)
         positions = base[:, None] + 1 + torch.arange(ids.shape[1], device=dev)[None, :]
         features = None

@@ -15,20 +15,14 @@ def indices_to_sets(indices: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 
 def topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """``[..., E]`` finite float scores -> ``[..., E]`` bool: the ``k`` highest of each row (what
-    ``indices_to_sets(scores.topk(k).indices)`` gives).
-
-    Computed as ``scores >= (k-th largest)``, the threshold found by ``k`` max-reductions with float-only
-    elementwise ops (each round pushes the row maximum down by 1e30): about 3x faster than ``torch.topk``
-    on CPU for short rows (128 experts, 400 rows: ~0.1 vs ~0.35 ms on one thread). Rows with ties at the
-    threshold (more than ``k`` hits) fall back to ``torch.topk``.
-    """
+    """``[..., E]`` finite float scores -> ``[..., E]`` bool: the ``k`` highest of each row, as
+    ``indices_to_sets(scores.topk(k).indices)`` but by ``k`` max-reductions (faster on CPU); ties use ``topk``."""
     x = scores.clone()
     for _ in range(k - 1):
         y = x - x.amax(dim=-1, keepdim=True)  # 0 at the row maximum, < 0 elsewhere
         x.add_(y.sign_().add_(1.0), alpha=-1e30)
     mask = scores >= x.amax(dim=-1, keepdim=True)
-    # every row has >= k hits (a tie removes several maxima in one round and lowers the threshold)
+    # every row has >= k hits; more means a tie
     if int(mask.sum()) != k * (mask.numel() // max(mask.shape[-1], 1)):
         mask = indices_to_sets(scores.topk(k, dim=-1).indices, scores.shape[-1])
     return mask

@@ -2,18 +2,8 @@
 """Argument checks of the public decoding entry points (:meth:`SpeculativeEngine.generate
 <specmoe.decoding.engine.SpeculativeEngine.generate>` and :func:`~specmoe.decoding.ar.ar_generate`).
 
-Each entry point calls one function here on its first line, so bad input ends in one :class:`InputError`
-naming the argument, the row / position where it applies, and the allowed range, instead of an ``IndexError``
-from the embedding, a reshape error deep in the model, a selector blamed for a budget of 0, or a silently
-wrong output (an empty prompt inside a batch).
-
-The checks run once per call, on the host, over the Python lists the caller passed (a tensor of prompts is
-read once): nothing here runs per decoding step, and nothing reads a device value inside the timed region.
-
-The :class:`~specmoe.interfaces.target.Target` and :class:`~specmoe.interfaces.drafter.Drafter` methods that
-plugins call (``forward``, ``forward_standard``, ``new_kv``, ``begin``, ``draft``) check their own arguments
-(:mod:`specmoe.interfaces.checks`: the interfaces are a leaf package, so not from here): shapes and sizes only,
-since they run every step.
+Bad input ends in one :class:`InputError` naming the argument, row / position and allowed range. Checks run once
+per call on the host, never per step.
 """
 
 from __future__ import annotations
@@ -35,8 +25,8 @@ __all__ = ["InputError", "check_generate", "check_ar", "check_prompts", "check_c
 
 
 class InputError(UserError, ValueError):
-    """A bad argument of a public decoding call. A :class:`ValueError` for Python callers and a
-    :class:`~specmoe.errors.UserError` for the CLI (one message, no traceback)."""
+    """A bad argument of a public decoding call (a :class:`ValueError` and a CLI
+    :class:`~specmoe.errors.UserError`)."""
 
 
 def _is_int(value: Any) -> bool:
@@ -136,8 +126,7 @@ def check_ar(target: Target, prompts: Any, *, temperature: Any, stop: Any, seed:
 
 def check_generate(engine: Any, prompts: Any, *, budget: Any, steps: Any, top_k: Any, temperature: Any,
                    stop: Any, seed: Any, buffer: Any) -> None:
-    """The arguments of :meth:`SpeculativeEngine.generate <specmoe.decoding.engine.SpeculativeEngine.generate>`
-    (raises :class:`InputError`)."""
+    """The arguments of :meth:`SpeculativeEngine.generate` (raises :class:`InputError`)."""
     target = engine.target
     check_prompts(prompts, target.vocab_size)
     check_count("budget", budget, "γ: tree nodes verified per row and step, root included")

@@ -1,29 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Calibrated node values for the tree selectors: P(node's root-to-node path is accepted), learned online.
 
-A drafter's path probability ``P(path)`` is what EAGLE-2/3 ranks by, and it assumes the draft is calibrated. A
-draft trained with a soft target is often under-confident (the demo's EAGLE-3: mean top-1 probability 0.27-0.34
-per depth on a chain where the realised conditional acceptance is 0.83-0.89), so ``P(path)`` ranks a depth-1
-sibling above the deeper nodes that get accepted, and a tree verifies fewer accepted tokens than a chain of the
-same size. :class:`NodeValues` ranks by calibrated values instead, with the machinery of goodput's acceptance
-model (:class:`~specmoe.decoding.acceptance_model.AcceptanceModel`: an edge's acceptance given its parent's from
-the edge's draft probability, depth and sibling share; a path's value is the product over its edges, so a child
-is never worth more than its parent and the top set stays ancestor-closed).
-
-The engine owns one per selector that asks for it (:attr:`~specmoe.interfaces.selector.Selector.node_values`):
-
-* before selection, :meth:`NodeValues.values` computes ``DraftTree.value [B, N]`` on the tree's device (a fixed
-  number of tensor operations, no host read; the weights are a small host-to-device copy after a refit);
-* after acceptance, :meth:`NodeValues.record` keeps the step's verified nodes and accepted path on the device;
-  when the generation ends (after its timed region) :meth:`NodeValues.flush` reads them in one host read and
-  hands them to the model (outcome: every verified non-root node whose parent was accepted, a success when it
-  was accepted too; at T > 0 the accepted path of the rejection-sampling walk, as goodput defines it). A step
-  thus adds no host read; a generation ranks by what the earlier generations taught the model (the first one
-  by the prior). Only a generation longer than :attr:`NodeValues.flush_every` steps reads mid-way (a bound on
-  the outcomes kept on the device).
-
-Before any outcome the model is its prior ``c = q``: the values are ``P(path)`` (up to clipping at 1e-6), the
-paper's ranking. Verification and acceptance do not read the values: losslessness is untouched.
+Ranks by :class:`~specmoe.decoding.acceptance_model.AcceptanceModel` path values instead of the (often
+under-confident) draft ``P(path)``, which they equal before any outcome; a child is never worth more than its
+parent. A step adds no host read (outcomes stay on the device until :meth:`NodeValues.flush`). Verification does
+not read the values: losslessness is untouched.
 """
 
 from __future__ import annotations
@@ -45,13 +26,9 @@ _LOG_LO, _LOG_HI = math.log(_CLIP), math.log1p(-_CLIP)
 
 
 def path_values(tree: DraftTree, weights: torch.Tensor) -> torch.Tensor:
-    """``[B, N]`` path values of ``tree`` under edge weights ``[4]`` (bias, logit q, depth, log share) or ``[5]``
-    (and the likeliest-child indicator, ``AcceptanceModel(first=True)``), the
-    features of :class:`~specmoe.decoding.acceptance_model.AcceptanceModel` computed in torch on the tree's
-    device: ``c = sigmoid(w . x)`` per edge (1 at roots), the product over each root-to-node path (float32).
-
-    The edge probability is ``q = exp(DraftTree.logp)`` (the model's ``P(path) / P(parent's path)``, which the
-    pool builder stores per node), the share ``q / sum of q over the parent's children``."""
+    """``[B, N]`` float32 path values of ``tree`` under edge weights ``[4]`` (bias, logit q, depth, log share) or
+    ``[5]`` (plus the likeliest-child flag), on the tree's device: ``c = sigmoid(w . x)`` per edge (1 at roots),
+    multiplied over each root-to-node path; ``q = exp(DraftTree.logp)``."""
     child = tree.parents >= 0
     pidx = tree.parents.clamp(min=0)
     lp = tree.logp.float().clamp(_LOG_LO, _LOG_HI)  # log q, clipped as the model clips q
@@ -73,9 +50,7 @@ def _log_sigmoid(z: float) -> float:
 
 
 def path_values_host(tree: DraftTree, weights: Sequence[float]) -> torch.Tensor:
-    """:func:`path_values` in plain Python from one host read (float64 inside, float32 out; the same features,
-    clipping and products): for a small pool on the CPU, where its ~20 tensor operations cost ~180 µs and
-    this ~28 µs (the demo's 9-node pool, warm, one thread of an AMD EPYC Zen 3)."""
+    """:func:`path_values` in plain Python from one host read (float64 inside, float32 out; small CPU pools)."""
     return torch.tensor(path_values_lists(tree, weights), dtype=torch.float32)
 
 
@@ -118,13 +93,8 @@ def accepted_in_pool(sel: torch.Tensor, order: torch.Tensor, paths: Sequence[Seq
 
 
 class NodeValues:
-    """Online-calibrated node values (one :class:`AcceptanceModel`, per temperature).
-
-    Args:
-        window: edge outcomes kept per temperature.
-        flush_every: at most this many steps' outcomes are kept on the device (a generation that runs longer is
-            read mid-way, one host read per ``flush_every`` steps).
-    """
+    """Online-calibrated node values (one :class:`AcceptanceModel`, per temperature). ``window``: edge outcomes
+    kept per temperature; ``flush_every``: at most this many steps' outcomes are kept on the device."""
 
     def __init__(self, window: int = 4096, flush_every: int = 1024) -> None:
         self.model = AcceptanceModel(window=window, first=True)
@@ -142,17 +112,16 @@ class NodeValues:
         return hit[1]
 
     def values(self, tree: DraftTree, temperature: float) -> torch.Tensor:
-        """``[B, N]`` calibrated path values of ``tree`` (see :func:`path_values`; :func:`path_values_host` for a
-        small pool on the CPU, ``B * N <= SCALAR_POOL``)."""
+        """``[B, N]`` calibrated path values of ``tree`` (:func:`path_values`, or :func:`path_values_host` when
+        ``B * N <= SCALAR_POOL`` on the CPU)."""
         if tree.tokens.device.type == "cpu" and tree.batch_size * tree.num_nodes <= SCALAR_POOL:
             return path_values_host(tree, self.model.weights_for(temperature_key(temperature)))
         return path_values(tree, self.weights(temperature, tree.tokens.device))
 
     def record(self, tree: DraftTree, selected: torch.Tensor, order: torch.Tensor, paths: Sequence[Sequence[int]],
                temperature: float) -> None:
-        """Keep a step's outcomes: the pool, its selection ``[B, N]``, the verified subset ``order [B, W]`` and
-        each row's accepted path as indices into it (references only: no tensor operation in the step;
-        :meth:`flush` builds and reads them)."""
+        """Keep a step's outcomes (references only, no tensor operation): the pool, its selection ``[B, N]``, the
+        verified subset ``order [B, W]`` and each row's accepted path as indices into it."""
         if self._pending and (self._pending[-1][0].shape != tree.path_logp.shape
                               or self._pending[-1][-1] != temperature):
             self.flush()

@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Per-step records and per-generation results (plain data; the metrics computed from them are declared in
-:mod:`specmoe.metrics`)."""
+"""Per-step records and per-generation results (plain data; metrics live in :mod:`specmoe.metrics`)."""
 
 from __future__ import annotations
 
@@ -19,11 +18,9 @@ class StepRecord:
         verified: tokens the target processed per active row (selected nodes, root included).
         experts_per_layer: unique experts activated by the verified tokens, per MoE layer (across the
             batch; padding and finished rows excluded), from the target's router hooks.
-        pass_experts_per_layer: unique experts per MoE layer over every token that went through the
-            experts in this pass, padding of shorter rows and finished rows included (the work the pass
-            really did; equal to ``experts_per_layer`` at batch size 1). ``None`` when not recorded.
-        predicted_per_layer: unique experts predicted for the verified nodes, per MoE layer (None without a
-            predictor).
+        pass_experts_per_layer: unique experts per MoE layer over every token of the pass, padding and finished
+            rows included (``None`` when not recorded).
+        predicted_per_layer: unique experts predicted for the verified nodes, per MoE layer (None: no predictor).
         t_draft, t_pred, t_select, t_verify, t_total: seconds (t_total includes acceptance and cache upkeep).
         cumulative_experts: E (mean over layers of unique experts, union over the batch) after the first
             k = 1..M verified tokens of each row, in tree order (paper Fig. 1b).
@@ -47,9 +44,8 @@ class StepRecord:
     speculative: bool = True
     """False for a plain AR step the engine took under its AR floor (no drafting, prediction or selection)."""
     uncut: list[int] | None = None
-    """per active row, the tokens the step's acceptance produced (accepted drafts + bonus) before stop rules cut
-    them (the last step of a generation at its token limit or an end token): what a serving engine's acceptance
-    counters count (vLLM: 1 + accepted drafts per step); ``accepted`` where no rule cut. ``None`` for AR steps."""
+    """per active row, the tokens acceptance produced (accepted drafts + bonus) before stop rules cut them
+    (``accepted`` where no rule cut; ``None`` for AR steps)."""
 
     @property
     def unique_experts(self) -> float:

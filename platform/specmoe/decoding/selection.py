@@ -1,19 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Building blocks for selectors: path expert footprints and greedy ancestor-closed selection.
 
-Three greedy loops with the same semantics: :func:`greedy_select` (torch, any score function of the current
-selection; simple, one host sync per iteration), :func:`greedy_packed` (host-side numpy over packed expert
-bitsets, :class:`PackedPool`; a few vectorised operations per pick over the current candidates only), which
-the built-in selectors use, and :func:`greedy_scalar` (plain Python over :class:`ScalarPool`, expert sets as
-Python integers), which they use for small pools of independent rows.
-
-Why a scalar loop: a decoding step runs the selection between the drafter and the verification pass, whose
-weight reads evict the CPU caches, so every library call of the selection starts cold. Measured on the demo
-(2-core AMD EPYC Zen 5, one thread, EAGLE-3 pool of 11 nodes, 4 layers x 32 experts, γ = 4, caches flushed by
-a 64 MB pass before each call): ``ecospec`` 273 µs through :func:`greedy_packed` (~50 numpy calls) and
-104 µs through :func:`greedy_scalar`; warm 83 / 21 µs. The numpy loop wins on larger pools: on random pools
-(4 x 32 and 36 x 128 sets, batch 1-8, γ 4-8) the scalar loop was faster up to ~90 nodes (batch x nodes) with
-warm caches at 36 x 128 and up to ~200 with cold ones, hence :data:`SCALAR_POOL`.
+Three greedy loops with the same semantics: :func:`greedy_select` (torch, any score of the current selection),
+:func:`greedy_packed` (numpy over packed bitsets, :class:`PackedPool`) and :func:`greedy_scalar` (plain Python
+over :class:`ScalarPool`; faster for small pools of independent rows, see :data:`SCALAR_POOL`).
 """
 
 from __future__ import annotations
@@ -32,23 +22,15 @@ __all__ = ["whole_pool", "top_closed", "path_experts", "greedy_select", "PackedP
 
 
 def whole_pool(tree: DraftTree, budget: int) -> torch.Tensor | None:
-    """``[B, N]`` every valid node where the pool has at most ``budget`` nodes (a chain of ``budget - 1`` drafts),
-    else ``None``: what any of the greedy loops below selects then, whatever the scores (the valid nodes are
-    ancestor-closed), without building a pool for them (~0.3-0.5 ms of a chain's step on a CPU)."""
+    """``[B, N]`` every valid node where the pool has at most ``budget`` nodes, else ``None``: what any greedy
+    loop below selects then, whatever the scores."""
     return tree.valid.clone() if tree.num_nodes <= budget else None
 
 
 def top_closed(tree: DraftTree, key: torch.Tensor, budget: int) -> torch.Tensor:
     """``[B, N]`` bool: the root and the ``budget - 1`` valid nodes of highest ``key [B, N]`` (any float dtype), as
-    ancestor-closed sets, without a loop over the picks.
-
-    A key that never exceeds its parent's (a path value: a product of probabilities) makes the top set closed;
-    rounding can break that by an ulp (a child's sum of log-values in another order), so each node ranks by the
-    minimum of the keys on its root-to-node path, and equal keys by depth, then index (the parent first). For such
-    keys this is what the greedy loops below select, picking the best frontier node each time. A small pool on the
-    CPU (``B * N <= SCALAR_POOL``) is ranked in plain Python from one host read (~21 against ~130 µs of tensor
-    operations for the demo's 9 nodes, warm, one thread of an AMD EPYC Zen 3); any other in a fixed number of
-    tensor operations (no host read)."""
+    ancestor-closed sets: each node ranks by the minimum key on its root-to-node path, ties by depth, then index
+    (for keys never above the parent's, what the greedy loops select). Host read only for small CPU pools."""
     b, n = key.shape
     k = min(max(int(budget), 1), n)
     if key.device.type == "cpu" and b * n <= SCALAR_POOL:
@@ -93,21 +75,13 @@ ScoreFn = Callable[[torch.Tensor], torch.Tensor]
 def greedy_select(tree: DraftTree, budget: int, score: ScoreFn,
                   on_pick: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
                   joint: bool = False) -> torch.Tensor:
-    """Select the root, then repeatedly the best-scoring frontier node (unselected, parent selected).
-
-    Restricting candidates to the frontier keeps the set ancestor-closed by construction; for scores that
-    never rank a child above its parent this equals picking the best unselected node (up to ties).
+    """``[B, N]`` bool: the root, then repeatedly the best-scoring frontier node (unselected, parent selected),
+    so the set stays ancestor-closed; ``budget`` (γ) nodes per row, root included.
 
     Args:
-        tree: candidate pools ``[B, N]``.
-        budget: gamma, nodes per row including the root.
         score: see :data:`ScoreFn`.
         on_pick: called with ``(rows [P], nodes [P])`` after each pick (e.g. to update an expert buffer).
-        joint: pick one node per iteration across the whole batch (rows compete for a shared state such as
-            a shared expert buffer); otherwise every row picks one node per iteration.
-
-    Returns:
-        ``[B, N]`` bool selection.
+        joint: one pick per iteration across the batch (rows share state, e.g. a buffer); else one per row.
     """
     bsz, n = tree.tokens.shape
     dev = tree.tokens.device
@@ -143,11 +117,9 @@ class PackedPool:
     """A batch of candidate pools on the host, with packed path expert footprints.
 
     Attributes:
-        parents: ``[B, N]`` int64 (``-1`` at the root).
-        valid: ``[B, N]`` bool.
+        parents, valid: ``[B, N]`` int64 (``-1`` at the root) and bool.
         paths: ``[B, N, W]`` uint64 union of the predicted sets on each root-to-node path, or ``None``.
-        children: CSR of valid children: node ``f = b * N + i`` has children ``kids[start[f]:start[f + 1]]``
-            (flat indices).
+        kids, start: CSR of valid children: node ``f = b * N + i`` has ``kids[start[f]:start[f + 1]]`` (flat).
     """
 
     parents: np.ndarray
@@ -200,28 +172,21 @@ def _buffer_complement(roots: np.ndarray, live: np.ndarray, b: int, buffer: np.n
 
 def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer: np.ndarray | None = None,
                   shared: bool = True, joint: bool = False, take: TakeFn | None = None) -> np.ndarray:
-    """:func:`greedy_select` on a :class:`PackedPool`, with an expert buffer kept as packed words.
+    """:func:`greedy_select` on a :class:`PackedPool` (``[B, N]`` bool), the expert buffer kept as packed words.
 
-    Select every valid root, then repeatedly the best-scoring frontier node (valid, unselected, parent
-    selected, row under budget); ties go to the lowest index (``b * N + i`` when ``joint``). After each pick
-    the buffer grows by the picked node's path (the roots' paths are in it from the start).
+    Ties go to the lowest index (``b * N + i`` when ``joint``). After each pick the buffer grows by the picked
+    node's path (the roots' paths are in it from the start).
 
     Args:
-        pool: candidates and packed paths.
-        budget: gamma, nodes per row including the root.
-        score: see :data:`PackedScoreFn`.
+        score, take: see :data:`PackedScoreFn`, :data:`TakeFn`.
         buffer: ``[W]`` uint64 initial buffer B0 (added to every row's buffer).
         shared: one buffer for the batch, else one per row.
         joint: one pick per iteration across the batch; else every row with candidates picks once.
-        take: see :data:`TakeFn`.
-
-    Returns:
-        ``[B, N]`` bool selection.
     """
     b, n = pool.shape
     sel = np.zeros(b * n, dtype=bool)
     cand = np.zeros(b * n, dtype=bool)
-    left = [0] * b  # python scalars: this loop runs a few numpy calls per pick, the rest must be cheap
+    left = [0] * b  # python scalars: cheap per pick
     kids, start = pool.kids, pool.start.tolist()
     paths = None if pool.paths is None else pool.paths.reshape(b * n, -1)
     live = np.flatnonzero(pool.valid[:, 0])
@@ -275,7 +240,7 @@ def greedy_packed(pool: PackedPool, budget: int, score: PackedScoreFn, *, buffer
     return sel.reshape(b, n)
 
 
-#: pools of at most this many nodes (batch x nodes) whose rows are independent take :func:`greedy_scalar`
+#: pools of at most this many nodes (batch x nodes) with independent rows take :func:`greedy_scalar` (faster there)
 SCALAR_POOL = 96
 
 
@@ -286,8 +251,7 @@ class ScalarPool:
     Attributes:
         kids: ``[B][N]`` valid children of each node, ascending.
         roots: rows whose root is valid (live rows).
-        paths: ``[B][N]`` union of the predicted sets on each root-to-node path as a Python integer (bit
-            ``l * E + e``, as :func:`~specmoe.decoding.bitsets.pack_sets`), or ``None``.
+        paths: ``[B][N]`` union of the predicted sets on each root-to-node path as an int (bit ``l * E + e``).
     """
 
     kids: list[list[list[int]]]
@@ -297,8 +261,8 @@ class ScalarPool:
     @classmethod
     def build(cls, tree: DraftTree, experts: torch.Tensor | None = None, *, parents: np.ndarray | None = None,
               valid: np.ndarray | None = None) -> "ScalarPool":
-        """From a tree and optional ``[B, N, L, E]`` bool predicted sets (one copy of each to the host; pass
-        ``parents`` / ``valid`` when the caller already holds them on the host)."""
+        """From a tree and optional ``[B, N, L, E]`` bool predicted sets (``parents`` / ``valid``: host copies
+        the caller already holds)."""
         parents = (tree.parents if parents is None else parents).tolist()
         valid = (tree.valid if valid is None else valid).tolist()
         b, n = len(parents), len(parents[0])
@@ -329,19 +293,8 @@ ScalarScoreFn = Callable[[int, int, int], Any]
 
 def greedy_scalar(pool: ScalarPool, budget: int, score: ScalarScoreFn, *, buffer: int = 0,
                   take: TakeFn | None = None, shape: tuple[int, int]) -> np.ndarray:
-    """:func:`greedy_packed` with one buffer per row (``shared=False``, not joint), in plain Python.
-
-    Args:
-        pool: candidates and path sets.
-        budget: gamma, nodes per row including the root.
-        score: see :data:`ScalarScoreFn`.
-        buffer: initial buffer B0 as an integer of bits (added to every row's buffer).
-        take: see :data:`TakeFn` (``node`` is the row's node index here); False ends that row's selection.
-        shape: ``(B, N)`` of the result.
-
-    Returns:
-        ``[B, N]`` bool selection.
-    """
+    """:func:`greedy_packed` with one buffer per row (``shared=False``, not joint) in plain Python: ``shape``
+    ``(B, N)`` bool. ``buffer``: B0 as an integer of bits; ``take``: :data:`TakeFn` with the row's node index."""
     sel = np.zeros(shape, dtype=bool)
     for r in pool.roots:
         kids = pool.kids[r]

@@ -37,7 +37,6 @@ class DecodeSettings:
         return dataclasses.replace(self, **changes)
 
     def engine_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of :meth:`SpeculativeEngine.generate
-        <specmoe.decoding.engine.SpeculativeEngine.generate>`."""
+        """The keyword arguments of :meth:`~specmoe.decoding.engine.SpeculativeEngine.generate`."""
         return {"budget": self.budget, "steps": self.steps, "top_k": self.top_k, "temperature": self.temperature,
                 "stop": self.stop, "seed": self.seed}

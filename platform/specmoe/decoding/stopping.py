@@ -7,27 +7,19 @@ from typing import Any, Sequence
 
 __all__ = ["StopRule"]
 
-#: tokens per character of the longest stop string kept as context when decoding only the tail (a character
-#: may take up to four byte-level tokens)
+#: context tokens per character of the longest stop string when decoding only the tail (byte-level: up to 4)
 _TOKENS_PER_CHAR = 4
 
 
 class StopRule:
     """Appends tokens to a row's output and says when the row is finished.
 
-    A row finishes at ``max_new_tokens``, at the first stop token (kept in the output), or at the first
-    token after which the decoded output contains a stop string (kept).
-
-    Stop strings are looked for without decoding the whole output at every step: only the new tokens are
-    decoded, with enough earlier tokens before them to hold a stop string that started earlier. A hit there
-    is then confirmed and cut on the decoded output itself (once per row, when it stops), so a row stops at
-    exactly the token where ``tokenizer.decode(output)`` first contains a stop string.
+    A row finishes at ``max_new_tokens``, at the first stop token (kept), or at exactly the first token after
+    which ``tokenizer.decode(output)`` contains a stop string (kept); only the tail is decoded per step.
 
     Args:
         max_new_tokens: length limit of the generated part.
-        stop_ids: token ids that end generation.
-        stop_strings: strings that end generation (needs ``tokenizer``).
-        tokenizer: used to decode outputs for ``stop_strings``.
+        stop_strings: strings that end generation (needs ``tokenizer`` to decode outputs).
     """
 
     def __init__(self, max_new_tokens: int, stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
@@ -67,8 +59,7 @@ class StopRule:
         return True
 
     def _tail_has_stop(self, out: list[int], start: int) -> bool:
-        """Whether a stop string ends inside the text of the tokens from ``start`` on, decoding only those
-        tokens and a few before them."""
+        """Whether a stop string ends inside the text of the tokens from ``start`` on (decodes only the tail)."""
         decode = self.tokenizer.decode
         begin = max(0, start - self._context)
         before = decode(out[begin:start]) if start > begin else ""

@@ -1,17 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """EAGLE-2/3 dynamic candidate pool, shared by every drafter.
 
-Level 1 takes the ``top_k`` tokens of the root's draft distribution. Each further level expands every
-frontier node by its own ``top_k`` children (``width * top_k`` candidates, scored by cumulative
-log-probability), records all of them, and keeps the global best ``width`` as the next frontier (EAGLE-2/3:
-``width = top_k``). The pool therefore holds ``top_k + (steps - 1) * width * top_k`` candidates plus the root,
-in parent-before-child order.
-
-``width`` is what a level costs: the drafter runs one forward over the ``width`` frontier nodes per level, and
-on a CPU a forward over two rows reads the weights about twice (measured on the demo's EAGLE-3 shapes, one
-thread: 3.0 ms per 3-step pool at width 2 against 2.4 ms at width 1). ``width = 1`` keeps the chain's cost and
-still offers each level's runner-ups (the best path plus ``top_k - 1`` siblings at every depth), which a
-selector with calibrated values takes where they are worth more than the next node of the best path.
+Level 1 takes the root's ``top_k`` tokens; each further level expands the ``width`` best frontier nodes (by
+cumulative log-probability, EAGLE-2/3: ``width = top_k``) by ``top_k`` children each and records all of them,
+parents before children. ``width = 1`` keeps a chain's drafting cost and still offers each level's runner-ups.
 """
 
 from __future__ import annotations
@@ -25,8 +17,8 @@ from specmoe.interfaces.tree import DraftTree
 __all__ = ["build_pool", "ExpandFn", "pool_size", "proposer_features"]
 
 #: ``expand(tokens [B, k], pool_index [B, k], ancestors [B, k, P]) -> logp [B, k, V]``: run the drafter on
-#: the frontier nodes (target-vocabulary ids; ``V`` is the draft vocabulary); ``ancestors[b, i, j]`` says pool
-#: node j is a strict ancestor of frontier node i (the drafter lets each node attend to its processed ancestors only).
+#: the frontier nodes (target-vocabulary ids; ``V``: draft vocabulary); ``ancestors[b, i, j]``: pool node j is a
+#: strict ancestor of frontier node i.
 ExpandFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -44,9 +36,7 @@ def build_pool(root_tokens: torch.Tensor, root_logp: torch.Tensor, expand: Expan
     Args:
         root_tokens: ``[B]`` target-vocabulary root tokens.
         root_logp: ``[B, V]`` draft log-probabilities of the token after the root.
-        expand: see :data:`ExpandFn`.
         steps: tree levels below the root (the drafter runs ``steps`` forward passes including the root's).
-        top_k: branching factor.
         to_target: maps draft-vocabulary ids to target ids (EAGLE-3 ``d2t``); identity if ``None``.
         width: frontier nodes expanded per level (default and at most ``top_k``).
     """
@@ -103,16 +93,12 @@ def build_pool(root_tokens: torch.Tensor, root_logp: torch.Tensor, expand: Expan
 
 
 def proposer_features(parents: torch.Tensor, states: torch.Tensor, root_feature: torch.Tensor) -> torch.Tensor:
-    """:attr:`DraftTree.features` from the drafter's step outputs: each node gets its parent's state.
+    """``[B, N, F]`` :attr:`DraftTree.features` from the drafter's step outputs: each node gets its parent's state.
 
     Args:
         parents: ``[B, N]`` the tree's parents (``-1`` at the root).
-        states: ``[B, N, F]`` output of the draft step that consumed each node (defined for the root and the
-            expanded frontier nodes; the others are never read).
+        states: ``[B, N, F]`` output of the draft step that consumed each node (read at expanded nodes only).
         root_feature: ``[B, F]`` output of the step that consumed the committed token before the root.
-
-    Returns:
-        ``[B, N, F]``.
     """
     out = states.gather(1, parents.clamp(min=0)[..., None].expand(-1, -1, states.shape[-1]))
     out[:, 0] = root_feature.to(out.dtype)

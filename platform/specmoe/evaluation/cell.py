@@ -1,12 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One prompt batch of one method, and a cell built from its batches.
+"""One prompt batch of one method (:func:`run_batch`: a JSON-able record), and a cell built from its batches.
 
-:func:`run_batch` generates a batch of samples with one method (multi-turn samples such as MT-Bench generate
-each turn after the previous answer) and returns a plain, JSON-able record: the batch's seconds and new
-tokens (all turns summed: Spec-Bench per-question tokens/s), the outputs, the step records and the expert
-activation counts. :func:`build_cell` turns the records of every batch of a cell into a
-:class:`~specmoe.evaluation.results.CellResult` with its metrics (:func:`specmoe.metrics.summarize`). The
-evaluation stores these records as it goes, so a killed run resumes after its last finished batch.
+Multi-turn samples generate each turn after the previous answer; new tokens sum all turns.
 """
 
 from __future__ import annotations
@@ -25,8 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["run_batch", "warm_up", "build_cell", "cell_data", "add_counts", "batch_summary", "INTERVAL_METRICS"]
 
-#: metrics computed from a cell alone that get a per-batch value and weight, hence an interval (speedup, a
-#: ratio to AR, gets one from the batches' tokens/s)
+#: metrics with a per-batch value and weight, hence an interval (speedup gets one from the batches' tokens/s)
 INTERVAL_METRICS = ("tokens_per_s", "alpha", "E")
 
 Render = Callable[[Sample, int, list[str]], list[int]]
@@ -40,10 +34,8 @@ def add_counts(a: list[list[int]] | None, b: list[list[int]] | None) -> list[lis
 
 
 def warm_up(method: Method, samples: Sequence[Sample], render: Render, n: int, settings: DecodeSettings) -> None:
-    """``n`` untimed generations of ``samples``' first turns as one batch (the cell's batch size): kernels,
-    caches and allocators warm up for that shape, and an adaptive method's online models (cost, acceptance,
-    its AR floor's state for the batch size) see the regime once before timing, as after the first seconds
-    of a serving process. Every method of a cell gets the same warm-up."""
+    """``n`` untimed generations of ``samples``' first turns as one batch: kernels, caches and an adaptive
+    method's online models (cost, acceptance, AR floor) warm up for that shape. Same for every method."""
     prompts = [render(s, 0, []) for s in samples]
     for w in range(n):
         method.generate(prompts, settings.replace(seed=settings.seed + 10_000 + w))
@@ -51,18 +43,11 @@ def warm_up(method: Method, samples: Sequence[Sample], render: Render, n: int, s
 
 def run_batch(method: Method, batch: Sequence[Sample], render: Render, decode: Callable[[list[int]], str],
               settings: DecodeSettings) -> dict[str, Any]:
-    """Generate ``batch`` (every turn of every sample) with ``method``.
+    """Generate ``batch`` (every turn of every sample) with ``method``; turn ``t`` samples with seed
+    ``settings.seed + t`` (as for every method), ``render`` is ``(sample, turn, previous_answers) -> token ids``.
 
-    Args:
-        method: a :class:`~specmoe.evaluation.method.Method` (anything with its ``generate``).
-        render: ``(sample, turn_index, previous_answers) -> prompt token ids``.
-        decode: token ids -> text.
-        settings: how to decode; its ``seed`` seeds sampling, turn ``t`` uses ``seed + t`` (the same for every
-            method on this batch).
-
-    Returns:
-        ``{"seconds", "new_tokens", "samples": [{"id", "turns", "tokens"}], "steps": [...],
-        "expert_counts"}``, and ``"calibration"`` when the method has an adaptive selector.
+    Returns ``{"seconds", "new_tokens", "samples": [{"id", "turns", "tokens"}], "steps", "expert_counts"}``,
+    plus ``"calibration"`` for an adaptive selector.
     """
     answers: list[list[str]] = [[] for _ in batch]
     tokens: list[list[list[int]]] = [[] for _ in batch]
@@ -98,8 +83,8 @@ def cell_data(batches: Sequence[dict[str, Any]], temperature: float, bytes_per_e
 
 
 def _weight(metric: Metric, data: CellData) -> float:
-    """How much a batch counts in ``metric``'s cell value (its aggregation): 1 per batch (``batches``),
-    its steps that have a value (``steps``), its (step, active row) pairs (``rows``)."""
+    """A batch's weight in ``metric``'s cell value: 1 (``batches``), its steps with a value (``steps``) or its
+    (step, active row) pairs (``rows``)."""
     if metric.aggregate == "rows":
         return float(sum(len(s.get("accepted") or ()) for s in data.steps))
     if metric.aggregate == "steps":
@@ -115,10 +100,8 @@ def _weight(metric: Metric, data: CellData) -> float:
 
 def batch_summary(record: dict[str, Any], temperature: float, bytes_per_expert: int, num_moe_layers: int,
                   bytes_per_expert_loaded: int = 0, autoregressive: bool = False) -> dict[str, Any]:
-    """One batch of a cell, small: its tokens, seconds (and rounds), and per metric of
-    :data:`INTERVAL_METRICS` its value on this batch alone and its weight, so that the cell's value is
-    Σ weight·value / Σ weight over the batches (the form every interval of
-    :mod:`specmoe.evaluation.stats` resamples)."""
+    """One batch of a cell, small: tokens, seconds (and rounds), and per :data:`INTERVAL_METRICS` metric its
+    ``[value, weight]`` on this batch; the cell's value is Σ weight·value / Σ weight over the batches."""
     from specmoe.metrics import get
 
     data = cell_data([record], temperature, bytes_per_expert, num_moe_layers, bytes_per_expert_loaded)

@@ -1,31 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """One evaluation group: AR and every (method, γ) of a recipe on one dataset at one (temperature, batch size).
 
-Fair timing: the members of a group run on the same prompt batch one after another, batch by batch, with
-the order rotated every batch (batch ``i`` starts with member ``i mod n``), so background load and thermal
-drift hit all of them alike, and every speedup is computed against the AR measurement of the same group:
-the same prompts, the same process, minutes apart at most.
+Members run each prompt batch one after another, rotated (round ``r`` of batch ``i`` starts with member
+``(i R + r) mod n``), so each speedup is against AR on the same prompts. Each batch runs R = ``eval.repeats``
+times per member with the same seed; the fastest round counts, whole (timing noise only adds time), and
+``eval.prompts_for_margin`` adds prompt batches while a speedup interval is too wide (:meth:`EvalGroup._grow`).
 
-Repeats (``eval.repeats`` = R > 1): every prompt batch is generated R times per member, each round rotated
-on (round ``r`` of batch ``i`` starts with member ``(i R + r) mod n``), and a member's batch counts its fastest
-round, whole (its seconds, steps, outputs). Timing noise on a shared machine only adds time (another tenant,
-a migrated thread), so the minimum is the estimate of the undisturbed time (the rule of Python's ``timeit``);
-the sampling seed is the same in every round, so the rounds of a member do the same work (an adaptive
-method's online state carries over between rounds, as it does between the batches of a serving process). Every
-round's seconds are kept in the record (``round_seconds``), and the cell reports their spread.
-
-Intervals: every cell gets confidence intervals on its speedup, tokens/s, α and E from one paired bootstrap
-over the group's prompt batches (:func:`specmoe.evaluation.stats.add_intervals`).
-
-Prompts for a margin (``eval.prompts_for_margin`` = m): after its listed prompts the group checks every
-method's speedup interval over AR and, while one is wider than ±m, measures more prompts of the dataset (the
-next ones of its seeded subset at ``eval.max_prompts``, in batches of the group's size), as many as the
-observed spread says resolve m (at most 4x per step), up to ``eval.max_prompts``. Each added batch is
-measured like the others (all members, rotated) and the decisions are recomputed from the stored batches on
-resumption, so a killed run makes the same ones.
-
-Resumption: each finished batch (all members) is stored in ``<dir>/batch-<i>.json``; a killed run redoes at
-most the batch in flight. ``<dir>/cells.json`` holds the finished group's cells.
+Resumption: each finished batch (all members) is stored in ``<dir>/batch-<i>.json``, so a killed run redoes at
+most the batch in flight and makes the same growth decisions; ``<dir>/cells.json`` holds the finished cells.
 """
 
 from __future__ import annotations
@@ -78,16 +60,10 @@ class EvalGroup:
     Args:
         directory: the group's cache directory (its name is the group key).
         members: AR first, then the methods.
-        samples: the dataset's samples, in order.
-        dataset, temperature, batch_size: the group's coordinates.
-        render / decode: prompt rendering and detokenization.
-        decoding: the recipe's :class:`~specmoe.decoding.settings.DecodeSettings` (``steps``, ``top_k``,
-            ``stop``); each member's budget, the group's temperature and the batch's seed replace its own.
+        decoding: base settings (``steps``, ``top_k``, ``stop``); budget, temperature and seed are replaced.
         warmup, seed: untimed generations per member before its first timed batch; sampling seed.
         repeats: timed rounds of every prompt batch per member (the fastest counts).
-        target_facts: ``bytes_per_expert`` (stored precision), ``bytes_per_expert_loaded`` and
-            ``num_moe_layers`` of the target.
-        progress: a tqdm-like bar (``update(n)``).
+        target_facts: ``bytes_per_expert`` (stored), ``bytes_per_expert_loaded``, ``num_moe_layers``.
         margin, max_prompts, more: ``eval.prompts_for_margin`` (None: measure ``samples`` only),
             ``eval.max_prompts`` and the dataset's further prompts (loaded on first need).
     """
@@ -132,8 +108,7 @@ class EvalGroup:
         return self.dir / f"batch-{i:05d}.json"
 
     def run(self) -> list[CellResult]:
-        """The group's cells: read back when finished, else computed (resuming after the last stored batch;
-        with ``margin``, growing the prompts until it is resolved or ``max_prompts``)."""
+        """The group's cells: read back when finished, else measured (resuming after the last stored batch)."""
         if self.is_done():
             self._tick(self.generations())
             return self.load()
@@ -180,12 +155,9 @@ class EvalGroup:
         return records
 
     def _grow(self, cells: list[CellResult]) -> int:
-        """With ``margin``: add prompt batches (new prompts of the dataset, in batches of the group's size)
-        while some method's speedup interval over AR is wider than ±margin, up to ``max_prompts``; returns
-        the prompts added (0: resolved, capped or no prompts left). The size comes from the observed
-        spread (:func:`~specmoe.evaluation.stats.batches_for_margin`; at most 4x per step, as the first
-        estimate rests on few batches); a cell without an interval yet grows to
-        :data:`~specmoe.evaluation.stats.MIN_BATCHES` batches."""
+        """Add prompt batches while some speedup interval over AR is wider than ±margin, as many as the observed
+        spread needs (:func:`~specmoe.evaluation.stats.batches_for_margin`, at most 4x per step; ``MIN_BATCHES``
+        without an interval), up to ``max_prompts``; returns the prompts added (0: resolved, capped or none left)."""
         n = len(self._plan)
         have = sum(len(b) for b in self._plan)
         need = n

@@ -18,13 +18,8 @@ __all__ = ["Method"]
 
 
 class Method:
-    """Builds and runs one method on a shared target.
-
-    Args:
-        cfg: the method's recipe entry.
-        target: the loaded target.
-        resolve: maps option trees with ``stage:<id>`` references to concrete paths.
-    """
+    """Builds and runs one method on a shared target (``resolve`` maps option trees with ``stage:<id>``
+    references to concrete paths)."""
 
     def __init__(self, cfg: MethodConfig, target: Target, resolve: Callable[[Any], Any]) -> None:
         self.cfg = cfg

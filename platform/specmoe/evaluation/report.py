@@ -35,9 +35,8 @@ def build_report_tables(cells: Sequence[CellResult]) -> list[Table]:
 
 
 def write_results(cells: Sequence[CellResult], tables: list[Table], out: Path) -> str:
-    """``results.json`` (metrics, their confidence intervals and level, the verdict against AR),
-    ``samples_*.jsonl`` (outputs) and ``table.md`` under ``out``; returns the
-    text rendering of the tables."""
+    """``results.json`` (metrics, intervals and level, verdict against AR), ``samples_*.jsonl`` (outputs) and
+    ``table.md`` under ``out``; returns the text rendering of the tables."""
     import json
 
     from specmoe.evaluation.report_tables import render
@@ -94,9 +93,8 @@ def log_cell(tracker: Tracker | NullTracker, parent: RunHandle, cell: CellResult
 
 
 def calibration_metrics(cal: dict[str, Any]) -> dict[str, float]:
-    """Flat MLflow metrics of an adaptive selector's calibration: ``cost.coef.<feature>``,
-    ``cost.window.<error>``, ``cost.heldout.<error>``, ``acceptance.T<t>.<brier|ece|n>``,
-    ``ar_floor.<decision>``."""
+    """Flat MLflow metrics of a calibration: ``cost.coef.<feature>``, ``cost.window.<error>``,
+    ``cost.heldout.<error>``, ``acceptance.T<t>.<brier|ece|n>``, ``ar_floor.<decision>``."""
     out: dict[str, float] = {}
     cost = cal.get("cost", {})
     out.update({f"cost.coef.{k}": v for k, v in cost.get("coef", {}).items()})
@@ -109,8 +107,7 @@ def calibration_metrics(cal: dict[str, Any]) -> dict[str, float]:
 
 
 def _log_calibration(run: RunHandle, cell: CellResult) -> None:
-    """The cell's cost-model coefficients and errors, acceptance calibration and AR floor decisions as
-    metrics, the whole calibration as ``calibration.json`` and a predicted-vs-measured T_verify plot."""
+    """Calibration metrics, ``calibration.json`` and a predicted-vs-measured T_verify plot into ``run``."""
     from specmoe.evaluation import report_plots as plots
 
     cal = cell.calibration or {}

@@ -1,10 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Analysis figures (matplotlib, Agg canvas, no pyplot state): paper Fig. 1(a), Fig. 1(b), Fig. 4 and the
-speedup-vs-γ sweep (Appendix C).
+"""Analysis figures (paper Fig. 1(a), 1(b), 4, speedup vs γ) as matplotlib Figures (Agg canvas, no pyplot).
 
-Every function takes plain data and returns a :class:`matplotlib.figure.Figure`; save it with
-``fig.savefig(path)`` or log it with ``run.log_figure(fig, "plots/x.png")``. Step records are
-:class:`~specmoe.decoding.records.StepRecord` objects or their ``to_dict()`` form.
+Step records are :class:`~specmoe.decoding.records.StepRecord` s or their ``to_dict()`` form.
 """
 
 from __future__ import annotations
@@ -62,15 +59,9 @@ def _color(i: int) -> str:
 
 
 def fig_latency_vs_experts(records: Records, title: str | None = None) -> Figure:
-    """Paper Fig. 1(a): verification latency of each step vs its unique experts per layer (E).
-
-    One scatter series per method and a least-squares line over all steps (slope = cost per extra
-    expert per layer).
-
-    Args:
-        records: method -> step records (``t_verify`` seconds, ``experts_per_layer`` / ``unique_experts``).
-        title: figure title.
-    """
+    """Paper Fig. 1(a): per-step verification latency vs unique experts per layer (E), one scatter per method,
+    with a least-squares line over all steps; ``records``: method -> step records (``t_verify`` seconds,
+    ``experts_per_layer`` / ``unique_experts``)."""
     fig, ax = _figure(6.0, 4.2)
     xs_all, ys_all = [], []
     for i, (method, recs) in enumerate(records.items()):
@@ -118,14 +109,9 @@ def mean_cumulative_experts(recs: Sequence[Any]) -> list[float]:
 
 
 def fig_cumulative_experts(records: Records, top_k: int | None = None, title: str | None = None) -> Figure:
-    """Paper Fig. 1(b): cumulative unique experts per layer vs the number of verified tokens, one line per
-    selector / method.
-
-    Args:
-        records: method -> step records with ``cumulative_experts`` (steps without it are ignored).
-        top_k: the router's experts per token, drawn as the one-token reference line.
-        title: figure title.
-    """
+    """Paper Fig. 1(b): cumulative unique experts per layer vs verified tokens, one line per method of
+    ``records`` (steps without ``cumulative_experts`` are ignored); ``top_k`` (the router's experts per token)
+    is drawn as the one-token reference line."""
     fig, ax = _figure(6.0, 4.2)
     kmax = 1
     for i, (method, recs) in enumerate(records.items()):
@@ -149,13 +135,8 @@ def fig_cumulative_experts(records: Records, top_k: int | None = None, title: st
 
 def fig_expert_heatmap(expert_counts: Sequence[Sequence[float]], title: str | None = None) -> Figure:
     """Paper Fig. 4: expert activation heatmap (share of each layer's activations per expert) and the
-    layer-wise load distribution (expert load / mean load of the layer; 1 = balanced; box = quartiles,
-    whiskers = 5th-95th percentile).
-
-    Args:
-        expert_counts: ``[L][E]`` activation counts per MoE layer and expert.
-        title: figure title.
-    """
+    layer-wise load distribution (expert load / layer mean; box = quartiles, whiskers = 5th-95th percentile),
+    from ``expert_counts``: ``[L][E]`` activation counts per MoE layer and expert."""
     from matplotlib.colors import PowerNorm
     from matplotlib.ticker import MaxNLocator
 
@@ -217,14 +198,8 @@ def _horizontal() -> dict[str, Any]:
 
 def fig_speedup_vs_gamma(speedups: Mapping[str, Mapping[int, float]], title: str | None = None,
                          intervals: Mapping[str, Mapping[int, Sequence[float]]] | None = None) -> Figure:
-    """Speedup over AR vs the verification budget γ, one line per method (paper Appendix C), with error bars
-    where a confidence interval is known.
-
-    Args:
-        speedups: method -> {gamma: speedup}.
-        title: figure title.
-        intervals: method -> {gamma: (lo, hi)} (e.g. the cells' 95 % intervals); points without one get no bar.
-    """
+    """Speedup over AR vs the verification budget γ, one line per method (paper Appendix C); ``speedups`` /
+    ``intervals``: method -> {γ: speedup} / {γ: (lo, hi)}, the latter drawn as error bars where present."""
     fig, ax = _figure(5.5, 4.0)
     gammas: set[int] = set()
     bars = False
@@ -251,8 +226,7 @@ def fig_speedup_vs_gamma(speedups: Mapping[str, Mapping[int, float]], title: str
 
 
 def fig_cost_fit(predicted: Sequence[float], measured: Sequence[float], title: str | None = None) -> Figure:
-    """A cost model's predicted vs measured T_verify of the passes in its window (the diagonal is a perfect
-    fit), in milliseconds."""
+    """A cost model's predicted vs measured T_verify (ms) over its window; the diagonal is a perfect fit."""
     fig, ax = _figure(4.2, 4.0)
     p = [1e3 * v for v in predicted]
     m = [1e3 * v for v in measured]

@@ -1,20 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The paper's Table 1 (Spd / α / E per method x dataset) and Table 3 (latency breakdown), from cells.
 
-Cells are :class:`~specmoe.evaluation.results.CellResult` s: those of the current run (the evaluation builds
-the tables once from them) or the FINISHED nested runs tagged ``specmoe.kind=cell`` of an MLflow experiment
-(``platform compare``, read by :mod:`specmoe.tracking.runs`, from any process against any tracking URI; by default
-only the cells of the latest parent run: the parent whose most recent finished cell started last; a cell
-logged twice keeps its latest run). Labels, formats and AR applicability come from :mod:`specmoe.metrics`.
-
-One table per setting: a setting is (temperature, γ, batch size) of the speculative methods; the AR cells of
-the same temperature and batch size (AR has no γ) appear in every γ's table instead of a table of their own.
-
-Intervals: a cell value with a confidence interval (the cell's ``intervals``; MLflow ``<metric>_lo`` /
-``<metric>_hi``) prints as ``1.03x [0.99, 1.07]``, the level in the table's title
-(:mod:`specmoe.evaluation.stats`). The adaptive tables add the cross-fitted best fixed γ (chosen on some prompt
-batches, measured on the others) next to the in-sample maximum, and :func:`verdicts` judges one method
-against a baseline per cell (faster / slower / not resolved, and the prompts a margin needs).
+Cells come from the current run or from the finished cell runs of an MLflow experiment (``platform compare``).
+One table per (temperature, γ, batch size); AR cells appear in every γ's table of their temperature and batch size.
 """
 
 from __future__ import annotations
@@ -120,8 +108,7 @@ def _split_intervals(metrics: dict[str, float]) -> tuple[dict[str, float], dict[
 
 
 def attach_batches(uri: str, cells: Iterable[CellResult]) -> None:
-    """Read each cell run's per-batch values (artifact ``batches.json``) into ``cell.batches``; runs logged
-    before it existed are left without."""
+    """Read each cell run's per-batch values (artifact ``batches.json``, where present) into ``cell.batches``."""
     with json_artifacts(uri) as read:
         for c in cells:
             if c.batches or not c.run_id:
@@ -149,10 +136,8 @@ def load_cells(uri: str, experiment: str, run_id: str | None = None, all_runs: b
 
 
 def group_blocks(cells: Iterable[CellResult]) -> list[Block]:
-    """One block per setting (temperature, γ, batch size) of the speculative methods, each with the AR cells
-    of its temperature and batch size on its datasets; a (temperature, batch size) holding only AR cells gets
-    one block. Methods and datasets keep the order in which they first ran (AR methods first); a repeated
-    cell keeps its latest run."""
+    """One block per (temperature, γ, batch size) of the speculative methods with the AR cells of its setting
+    and datasets (AR-only setting: one block); first-run order, AR first; a repeated cell keeps its latest run."""
     cells = sorted(cells, key=lambda c: c.order)
     blocks: dict[tuple[float, int, int], Block] = {}
     own: dict[tuple[float, int, int], set[str]] = {}  # datasets of each block's own (non-AR) cells
@@ -324,8 +309,7 @@ def _tps(cell: CellResult) -> list[float] | None:
 
 
 def _cross_fit_data(here: Sequence[CellResult], datasets: Sequence[str]) -> tuple[list, list] | None:
-    """Per dataset, the ``[M, n]`` tokens/s of the fixed-γ members present in every dataset and AR's ``[n]``
-    (the input of :func:`cross_fit_best`), ``None`` without the per-batch values."""
+    """Per dataset, ``[M, n]`` tokens/s of the fixed-γ members and AR's ``[n]`` (:func:`cross_fit_best`) or None."""
     fixed: dict[str, dict[str, list[float]]] = {}
     ar: dict[str, list[float]] = {}
     for c in here:
@@ -344,17 +328,14 @@ def _cross_fit_data(here: Sequence[CellResult], datasets: Sequence[str]) -> tupl
 
 
 def _cross_fit(here: Sequence[CellResult], datasets: Sequence[str]) -> float | None:
-    """The cross-fitted best fixed-γ speedup over ``datasets`` (one member chosen for all of them on half of
-    each dataset's prompt batches, measured on the other half; :func:`cross_fit_best`), ``None`` without the
-    per-batch values."""
+    """Cross-fitted best fixed-γ speedup over ``datasets`` (one member for all; :func:`cross_fit_best`) or None."""
     data = _cross_fit_data(here, datasets)
     out = cross_fit_best(*data) if data else None
     return out["cross_fitted"] if out else None
 
 
 def _cross_fit_interval(here: Sequence[CellResult], name: str, datasets: Sequence[str]) -> Interval | None:
-    """The adaptive member ``name`` over the cross-fitted best fixed γ, with its interval
-    (:func:`cross_fit_ratio`)."""
+    """The adaptive member ``name`` over the cross-fitted best fixed γ, with interval (:func:`cross_fit_ratio`)."""
     data = _cross_fit_data(here, datasets)
     mine = [_cell_of(here, name, d) for d in datasets]
     tps = [_tps(c) if c is not None else None for c in mine]
@@ -369,9 +350,8 @@ def _cell_of(here: Sequence[CellResult], label: str, dataset: str) -> CellResult
 
 def _adaptive_entry(here: Sequence[CellResult], name: str, over: Sequence[str], b: tuple[str, float] | None,
                     cf: float | None, base: dict[str, Any], fitted: bool) -> tuple[str, dict[str, Any], bool]:
-    """One entry of :func:`adaptive_tables`: adaptive method ``name`` over datasets ``over`` against the best fixed
-    member ``b`` (``(label, speedup)`` or None) and the cross-fitted best ``cf``: its text, its record, and
-    whether it shows an interval."""
+    """One :func:`adaptive_tables` entry: ``name`` over ``over`` against the best fixed member ``b``
+    (``(label, speedup)`` or None) and the cross-fitted best ``cf``; returns (text, record, shows an interval)."""
     vals = [c.metrics["speedup"] for c in here if c.adaptive and f"{c.method}@{c.budget}" == name
             and c.dataset in over and "speedup" in c.metrics]
     spd = sum(vals) / len(vals) if len(vals) == len(over) else None
@@ -410,16 +390,10 @@ def _adaptive_entry(here: Sequence[CellResult], name: str, over: Sequence[str], 
 
 
 def adaptive_tables(cells: Iterable[CellResult]) -> list[Table]:
-    """Per (temperature, batch size) with adaptive cells: the best fixed-γ method (over every method and γ)
-    next to each adaptive method, per dataset and on average (speedup over AR; the adaptive rows also show
-    their ratio to that best). The Average column's best is one (method, γ) for all datasets: the static
-    best-γ-per-batch-size choice.
-
-    That best is the maximum of noisy measurements on the prompts it is compared on, biased upwards; where
-    the cells carry their per-batch values the table labels it the in-sample maximum and adds the
-    cross-fitted best fixed γ (chosen on one half of the prompt batches, measured on the other, averaged
-    over random halves): what a user who tuned γ gets on new prompts. Intervals there: the adaptive speedup
-    over AR and its paired ratio to the in-sample best member (same group, same batches)."""
+    """Per (temperature, batch size) with adaptive cells: each adaptive method's speedup over AR and its ratio
+    to the best fixed-γ (method, γ), per dataset and on average (Average: one (method, γ) for all datasets).
+    With per-batch values that in-sample best (biased upwards) is joined by the cross-fitted best, and the
+    adaptive speedup and its paired ratio to the in-sample best get intervals."""
     cells = sorted(cells, key=lambda c: c.order)
     out = []
     for t, bs in dict.fromkeys(c.setting for c in cells if c.adaptive):
@@ -493,9 +467,8 @@ def _pairs(cells: Sequence[CellResult], method: tuple[str, int | None],
 
 def verdicts(cells: Iterable[CellResult], method: tuple[str, int | None], baseline: tuple[str, int | None],
              margin: float = DEFAULT_MARGIN) -> Table:
-    """One row per cell of ``method``: its tokens/s over ``baseline``'s on the same prompt batches, with the
-    interval, the verdict (faster / slower / not resolved) and the prompts the cell would need for an
-    interval of ±``margin`` (from the observed spread)."""
+    """One row per cell of ``method``: its tokens/s over ``baseline``'s on the same prompt batches, interval,
+    verdict (faster / slower / not resolved) and the prompts an interval of ±``margin`` would need."""
     cells = sorted(cells, key=lambda c: c.order)
     known = {c.method for c in cells}
     for name, _ in (method, baseline):
@@ -551,8 +524,7 @@ def build_tables(cells: Iterable[CellResult], metrics: Sequence[str] = DEFAULT_M
 
 def speedup_by_gamma(cells: Iterable[CellResult], temperature: float = 0.0, batch_size: int = 1,
                      metric: str = "speedup") -> dict[str, dict[int, float]]:
-    """method -> {gamma: mean ``metric`` over datasets} at one temperature and batch size (input of
-    :func:`specmoe.evaluation.report_plots.fig_speedup_vs_gamma`); AR methods are left out."""
+    """method -> {γ: mean ``metric`` over datasets} at one temperature and batch size (AR left out)."""
     out: dict[str, dict[int, float]] = {}
     for b in group_blocks(cells):
         if b.temperature != temperature or b.batch_size != batch_size:
@@ -566,8 +538,7 @@ def speedup_by_gamma(cells: Iterable[CellResult], temperature: float = 0.0, batc
 
 def speedup_intervals_by_gamma(cells: Iterable[CellResult], temperature: float = 0.0,
                                batch_size: int = 1) -> dict[str, dict[int, tuple[float, float]]]:
-    """method -> {gamma: (lo, hi)}: the speedup intervals behind :func:`speedup_by_gamma`'s points, where a
-    point is one dataset's cell (a mean over datasets has no interval here)."""
+    """method -> {γ: (lo, hi)} behind :func:`speedup_by_gamma`'s points (single-dataset blocks only)."""
     out: dict[str, dict[int, tuple[float, float]]] = {}
     for b in group_blocks(cells):
         if b.temperature != temperature or b.batch_size != batch_size or len(b.datasets) != 1:

@@ -1,9 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One result type for an evaluation cell, from the evaluation to the report, MLflow and ``platform compare``.
-
-A cell is one method on one dataset at one (temperature, γ, batch size). The evaluation fills every field;
-``platform compare`` rebuilds cells from MLflow runs with the coordinates, flags and metrics only.
-"""
+"""One result type for an evaluation cell (a method on a dataset at one temperature, γ, batch size); the
+evaluation fills every field, ``platform compare`` rebuilds cells from MLflow runs without the bulky ones."""
 
 from __future__ import annotations
 
@@ -26,28 +23,19 @@ class CellResult:
     Attributes:
         method, dataset, temperature, budget, batch_size: the cell's coordinates (``budget`` is γ; 1 for AR).
         metrics: metric name -> value (names from :mod:`specmoe.metrics`).
-        autoregressive: the AR baseline of its group.
-        analysis_only: results for analysis (e.g. oracle expert sets), never a real speedup.
-        key: the evaluation group it was measured in (cache key).
-        run_id / parent: its MLflow run and the recipe (parent) run.
+        autoregressive / analysis_only: the AR baseline of its group / never a real speedup (e.g. oracle sets).
+        key / run_id / parent: its evaluation group (cache key), its MLflow run and the recipe (parent) run.
         order: position in the run (``platform compare``: MLflow start time); later wins on repeats.
         cached: read back from the evaluation cache instead of measured now.
         per_sample: ``{"id", "new_tokens", "seconds", "batch_tokens_per_s"}`` per sample.
         outputs: ``{"id", "turns" (text), "tokens" (ids per turn)}`` per sample.
         steps: step records (``StepRecord.to_dict()``).
         expert_counts: ``[L][E]`` activations of verified tokens (paper Fig. 4); ``None`` for AR.
-        adaptive: the method's selector is adaptive (prices its choice, learns online; e.g. ``goodput``):
-            ``platform compare`` sets it against the best fixed-γ method of the cell.
-        calibration: the adaptive selector's models after the cell's last batch
-            (:meth:`~specmoe.interfaces.selection.AdaptiveSelector.calibration`, plus the AR floor's
-            decisions); ``None`` otherwise.
-        batches: per prompt batch, in order: ``{"new_tokens", "seconds", "values": {metric: [value,
-            weight]}}`` (and ``"round_seconds"`` with ``eval.repeats``): the cell's value of each metric is
-            Σ weight·value / Σ weight over its batches (:func:`specmoe.evaluation.cell.batch_summary`); what
-            the intervals, verdicts and the cross-fitted best fixed γ are computed from.
-        intervals: metric -> ``[lo, hi]``, the :data:`~specmoe.evaluation.stats.LEVEL` confidence interval
-            from a paired bootstrap over the group's prompt batches (:mod:`specmoe.evaluation.stats`);
-            metrics without one (too few batches) are absent.
+        adaptive: the selector is adaptive (e.g. ``goodput``); compared with the best fixed-γ method of the cell.
+        calibration: the adaptive selector's models (and AR floor decisions) after the last batch; else ``None``.
+        batches: per prompt batch, in order: ``{"new_tokens", "seconds", "values": {metric: [value, weight]}}``
+            (and ``"round_seconds"``; :func:`specmoe.evaluation.cell.batch_summary`), the input of intervals.
+        intervals: metric -> ``[lo, hi]`` at :data:`~specmoe.evaluation.stats.LEVEL`; absent with too few batches.
         prompt_batches: prompt batches the cell was measured on.
     """
 

@@ -1,14 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The evaluation grid of a recipe: methods x datasets x temperatures x budgets x batch sizes.
 
-The grid is measured in groups (:mod:`specmoe.evaluation.group`): one group per (dataset, temperature, batch
-size) holds AR and every (method, γ), interleaved per prompt batch, so each speedup is against AR on the same
-prompts in the same run. A group is cached in ``<cache_dir>/eval/<key>/`` under a hash of everything that
-determines its numbers: the target, the dataset, the decoding settings, every member's components (stage
-references replaced by stage keys), the seed, the repeats, ``eval.prompts_for_margin`` with its cap, and the
-code that measures it (specmoe's version, git commit and a dirty flag with a hash of the uncommitted diff, and
-each plugin's distribution and version), so timings of different code are never mixed. One process at a time
-measures a group (a lock beside its directory).
+One group (:mod:`specmoe.evaluation.group`) per (dataset, temperature, batch size), locked while measured and
+cached under a hash of everything that determines its numbers, the measuring code included.
 """
 
 from __future__ import annotations
@@ -44,13 +38,8 @@ class Evaluator:
     """Runs the grid.
 
     Args:
-        cfg: the resolved recipe.
-        target: the loaded target.
-        resolve: ``stage:<id>`` -> output directory (for building components).
-        resolve_key: ``stage:<id>`` -> stage cache key (for group keys).
-        samples: dataset name -> loaded samples (loaded once, before any work).
-        render / decode: prompt rendering and detokenization for this target.
-        cache_dir: where groups are cached.
+        resolve / resolve_key: ``stage:<id>`` -> output directory / stage cache key (for group keys).
+        samples: dataset name -> loaded samples.
         code: the code version (:func:`specmoe.tracking.environment.code_version`) measuring the groups.
         on_group: called with the cells of every finished group (MLflow logging).
     """
@@ -83,7 +72,6 @@ class Evaluator:
             raise UserError(f"eval.max_prompts: {self.max_prompts}; the cap of eval.prompts_for_margin must be "
                             f">= 1 prompt")
 
-    # ------------------------------------------------------------------ keys
     def _sig(self, comp: Component | None) -> dict[str, Any] | None:
         return None if comp is None else {"name": comp.name, "options": self.resolve_key(comp.options)}
 
@@ -116,7 +104,6 @@ class Evaluator:
             **({"repeats": self.cfg.eval.repeats} if self.cfg.eval.repeats != 1 else {}),
             **({"prompts_for_margin": self.margin, "max_prompts": self.max_prompts} if self.margin else {})})
 
-    # ------------------------------------------------------------------ members
     def method(self, m: MethodConfig) -> Method:
         if m.name not in self._methods:
             self._methods[m.name] = Method(m, self.target, self.resolve)
@@ -149,7 +136,6 @@ class Evaluator:
         tok = self.target.tokenizer if d.stop_strings else None
         return StopRule(d.max_new_tokens, stop_ids=ids, stop_strings=d.stop_strings, tokenizer=tok)
 
-    # ------------------------------------------------------------------ grid
     def groups(self, progress: tqdm | None = None) -> list[EvalGroup]:
         cfg, d = self.cfg, self.cfg.decoding
         members = self._members()
@@ -172,9 +158,7 @@ class Evaluator:
         return out
 
     def more_samples(self, ds: Component) -> list[Any]:
-        """The prompts ``eval.prompts_for_margin`` may add to ``ds``'s groups: its seeded subset at
-        ``eval.max_prompts`` (the dataset's options otherwise unchanged), in order; the group skips those
-        it already has."""
+        """``ds``'s seeded subset at ``eval.max_prompts``, in order: what ``eval.prompts_for_margin`` may add."""
         return ds.build(limit=self.max_prompts).load()
 
     def run(self) -> list[CellResult]:

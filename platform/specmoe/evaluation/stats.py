@@ -1,27 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Confidence intervals, verdicts, prompt counts and an honest "best fixed γ" for evaluation ratios.
 
-Every number the evaluation reports is a ratio of sums over the prompt batches of a cell:
-
-* tokens/s: Σ_b tokens_b / seconds_b over Σ_b 1 (the mean over batches);
-* speedup over AR, or method A over method B: Σ_b tps_A,b / Σ_b tps_B,b (a ratio of batch means);
-* α: Σ_b accepted_b / Σ_b rows_b; E and the other per-step means: Σ_b (steps_b · mean_b) / Σ_b steps_b.
-
-The members of a group ran on the same prompt batches, interleaved in time, so a batch is the unit of
-resampling and the batches are resampled **jointly for every quantity of a group** (one index draw for all
-methods: a paired bootstrap; :func:`ratio_intervals`, through :func:`scipy.stats.bootstrap` with
-``paired=True``). The rounds of a batch (``eval.repeats``) travel with it: the batch's value is its fastest
-round, and resampling batches carries the round-to-round noise in the batches' values; resampling rounds
-as well would count that noise twice (and the minimum of a resample with repeats is biased).
-
-Intervals are percentile intervals at the *expanded* level of Hesterberg (2015): the percentile bootstrap is
-too narrow for a few dozen observations (it ignores that the spread itself is estimated), so the level is
-raised to ``2 Φ(√(n/(n-1)) t_{n-1, (1+level)/2}) - 1``, which makes a percentile interval as wide as a
-t-interval would be. On synthetic paired timings shaped like the measured cells (per-prompt variation shared
-by the methods, 5 % per-round noise, one round in ten slowed, the fastest of two rounds kept; the generator
-of ``tests/unit/test_stats.py``, 1,000 simulations, 4,000 resamples) 95 % intervals covered the true ratio
-in 88.9 % of the simulations at 4 batches, 92.9 % at 5, 94.0 % at 8, 95.1 % at 16 and 95.0 % at 64; the
-plain percentile interval in 82.3 / - / 89.2 / 92.3 / 94.1 %. Hence no interval below :data:`MIN_BATCHES`.
+Every reported number is a ratio of sums over a cell's prompt batches (tokens/s, speedup Σ tps_A / Σ tps_B,
+α Σ accepted / Σ rows, per-step means weighted by steps). Batches are resampled jointly for a whole group
+(paired bootstrap), rounds not (a batch's value is its fastest round). Intervals are percentile intervals at
+Hesterberg's (2015) expanded level ``2 Φ(√(n/(n-1)) t_{n-1, (1+level)/2}) - 1``; none below :data:`MIN_BATCHES`.
 """
 
 from __future__ import annotations
@@ -77,8 +60,7 @@ class Interval:
 
 
 def expanded_level(level: float, n: int) -> float:
-    """The percentile level that gives a ``level`` interval from ``n`` observations (Hesterberg's expanded
-    percentile interval: as wide as the t-interval with the bootstrap's shape)."""
+    """Hesterberg's expanded percentile level for a ``level`` interval from ``n`` observations."""
     from scipy import stats
 
     if n < 2:
@@ -95,17 +77,12 @@ def ratio_of_sums(x: npt.ArrayLike, y: npt.ArrayLike, axis: int = -1) -> np.ndar
 def ratio_intervals(x: npt.ArrayLike, y: npt.ArrayLike, *, level: float = LEVEL, resamples: int = RESAMPLES,
                     seed: int = 0, paired: bool = True,
                     min_batches: int = MIN_BATCHES) -> tuple[np.ndarray, np.ndarray]:
-    """Intervals of Σ x / Σ y for every row of ``x`` / ``y`` (shape ``[..., n]``, the last axis the prompt
-    batches).
-
-    ``paired``: one resampling of the batch indices for *all* rows (the methods of a group, their ratios and
-    per-step means are resampled together); otherwise x and y are resampled independently (what the
-    interval would be without the paired design; for comparison only).
+    """Intervals of Σ x / Σ y for every row of ``x`` / ``y`` (shape ``[..., n]``, last axis the prompt batches);
+    ``paired``: one resampling of the batch indices for *all* rows, else x and y independently (comparison only).
 
     Returns:
-        ``(lo, hi)`` of the rows' shape; NaN where there are fewer than ``min_batches`` batches or the
-        statistic is undefined (a resample with Σ y = 0). A row whose resamples all agree gets a zero-width
-        interval at its value.
+        ``(lo, hi)`` of the rows' shape; NaN below ``min_batches`` batches or where a resample has Σ y = 0. A
+        row whose resamples all agree gets a zero-width interval at its value.
     """
     from scipy import stats
 
@@ -145,9 +122,8 @@ def verdict(lo: Optional[float], hi: Optional[float], baseline: float = 1.0) -> 
 
 
 def batches_for_margin(lo: Optional[float], hi: Optional[float], n: int, margin: float) -> Optional[int]:
-    """Prompt batches that would shrink the interval's half-width to ``margin`` (in the ratio's units):
-    then a true difference of ``margin`` from the baseline is resolved. From the observed spread, which
-    shrinks as 1/√n; ``None`` without an interval."""
+    """Prompt batches that shrink the interval's half-width to ``margin`` (ratio units), the observed spread
+    shrinking as 1/√n; ``None`` without an interval."""
     if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)) or margin <= 0 or n < 1:
         return None
     half = (hi - lo) / 2
@@ -159,19 +135,15 @@ def cross_fit_best(fixed: Sequence[Any], ar: Sequence[Any], *, folds: int = 2, s
     """The speedup a user who picked the best fixed γ on some prompts gets on new ones (cross-fitting).
 
     Args:
-        fixed: per dataset, ``[M, n_d]`` tokens/s of the M fixed-γ members on the dataset's n_d batches
-            (the same M members, in the same order, for every dataset).
+        fixed: per dataset, ``[M, n_d]`` tokens/s of the M fixed-γ members (same members and order everywhere).
         ar: per dataset, ``[n_d]`` tokens/s of AR on the same batches.
-        folds: the batches of each dataset are split into this many folds; the member with the highest
-            mean (over datasets) speedup on the other folds is chosen and its speedup on the held-out fold
-            counts.
-        splits: random splits averaged over (seeded).
+        folds, splits: ``splits`` seeded random splits of each dataset's batches into ``folds``; the member with
+            the best mean speedup on the other folds is scored on the held-out fold.
 
     Returns:
-        ``{"cross_fitted": mean held-out speedup of the chosen member, "in_sample": the highest
-        speedup on all batches (biased upwards: the maximum of M noisy estimates on the prompts it is
-        judged on), "in_sample_index": that member, "chosen": how often each member was chosen}``;
-        ``None`` when a dataset has fewer batches than folds.
+        ``{"cross_fitted": mean held-out speedup, "in_sample": the highest speedup on all batches (biased
+        upwards), "in_sample_index": that member, "chosen": times each member was chosen}``; ``None`` when a
+        dataset has fewer batches than folds.
     """
     fixed = [np.asarray(f, dtype=float) for f in fixed]
     ar = [np.asarray(a, dtype=float) for a in ar]
@@ -193,8 +165,7 @@ def cross_fit_best(fixed: Sequence[Any], ar: Sequence[Any], *, folds: int = 2, s
 
 
 def batch_arrays(cell: Any, metric: str) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """``(weight · value, weight)`` per prompt batch of ``cell`` for ``metric`` (``None`` when its batches
-    do not all carry the metric)."""
+    """``(weight · value, weight)`` per prompt batch of ``cell`` for ``metric`` (``None`` unless all have it)."""
     vals = [b.get("values", {}).get(metric) for b in cell.batches]
     if not vals or any(v is None for v in vals):
         return None
@@ -245,16 +216,13 @@ def pair_interval(a: Any, b: Any, *, seed: int = 0, level: float = LEVEL,
 def cross_fit_ratio(method: Sequence[Any], fixed: Sequence[Any], ar: Sequence[Any], *, folds: int = 2,
                     splits: int = 50, level: float = LEVEL, resamples: int = 2000, seed: int = 0,
                     min_batches: int = MIN_BATCHES) -> Optional[Interval]:
-    """``method``'s speedup over the cross-fitted best fixed γ, with an interval.
+    """``method``'s speedup (mean over datasets) over the cross-fitted best fixed γ, with an interval from a
+    joint resampling of every dataset's batches that redoes the selection on one random split each (errs wide).
 
     Args:
-        method: per dataset, ``[n_d]`` tokens/s of the method (an adaptive one) on the dataset's batches.
+        method: per dataset, ``[n_d]`` tokens/s of the (adaptive) method on the dataset's batches.
         fixed, ar: as in :func:`cross_fit_best` (the same batches).
 
-    The point is the method's speedup (mean over datasets) over :func:`cross_fit_best`'s. The interval
-    resamples every dataset's batches (jointly for the method, the fixed members and AR) and redoes the whole
-    selection in each resample on one random split: it carries the noise of the choice and of the split
-    (a little wider than the choice alone; percentile at the expanded level of the smallest dataset).
     ``None`` when a dataset has fewer batches than folds; no interval below ``min_batches``.
     """
     method = [np.asarray(x, dtype=float) for x in method]
@@ -269,8 +237,7 @@ def cross_fit_ratio(method: Sequence[Any], fixed: Sequence[Any], ar: Sequence[An
         return Interval(value, n=n, level=level)
     rng = np.random.default_rng(seed)
     held, rows = np.zeros(resamples), np.arange(resamples)
-    # per dataset: the resampled batches, and a random split of the *original* batches into folds (copies of
-    # a batch in a resample stay in one fold: nothing the choice saw is measured again)
+    # per dataset: resampled batches and a split of the *original* batches (a batch's copies share one fold)
     draws = []
     for a in ar:
         n_d = a.shape[-1]

@@ -1,14 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Argument checks of the :class:`~specmoe.interfaces.target.Target` and
-:class:`~specmoe.interfaces.drafter.Drafter` methods that plugins call (``forward``, ``forward_standard``,
-``new_kv``, ``begin``, ``draft``).
-
-The interfaces install them on every implementation (:func:`checked_method`, called from their
-``__init_subclass__``), so a call with mismatched batch inputs or a non-positive size ends in one ``ValueError``
-naming the method, the argument and the expected shape, before the implementation runs. These methods run every
-decoding step, so the checks read shapes, dtypes and Python values only, never a device value (about 2 µs a
-call on the CPU): token ids are not range-checked here; the decoding entry points check the prompts' ids once
-per call (:mod:`specmoe.decoding.inputs`).
+"""Argument checks of the Target / Drafter methods, installed on every implementation by :func:`checked_method`:
+a bad call raises one ``ValueError`` naming method, argument and expected shape before the implementation runs.
+They read shapes, dtypes and Python values only, never a device value (token ids: :mod:`specmoe.decoding.inputs`).
 """
 
 from __future__ import annotations
@@ -21,8 +14,7 @@ __all__ = ["checked_method", "check_count", "check_shape", "check_forward", "che
 
 
 def checked_method(cls: type, name: str, check: Callable[..., None]) -> None:
-    """Make ``cls.<name>`` run ``check(self, *args, **kwargs)`` before the implementation, where ``cls`` itself
-    defines ``<name>`` (abstract declarations and methods already checked are left alone)."""
+    """Make ``cls.<name>``, if ``cls`` defines it (not abstract, not yet wrapped), run ``check`` first."""
     fn = cls.__dict__.get(name)
     if not callable(fn) or getattr(fn, "__isabstractmethod__", False) or getattr(fn, "_specmoe_checked", False):
         return
@@ -37,16 +29,14 @@ def checked_method(cls: type, name: str, check: Callable[..., None]) -> None:
 
 
 def check_count(where: str, name: str, value: Any, low: int = 1) -> None:
-    """``value`` must be an integer >= ``low``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{where}: {name} must be an integer >= {low}; got {value!r}")
 
 
 def check_shape(where: str, name: str, value: Any, want: Sequence[int], labels: str, kind: str = "",
                 one_row: bool = False) -> None:
-    """``value`` must be a tensor of shape ``want`` (``one_row``: or with 1 in the first dimension, broadcast
-    over the rows); ``kind``: ``"bool"`` or ``"int"`` restricts the dtype. ``labels`` names the dimensions
-    (``"[B, N]"``)."""
+    """``value`` must be a tensor of shape ``want`` (``one_row``: or ``[1, ...]``) named ``labels`` (``"[B, N]"``);
+    ``kind`` ``"bool"`` / ``"int"`` restricts the dtype."""
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
     if shape is None or dtype is None:
@@ -75,8 +65,7 @@ def _token_batch(where: str, input_ids: Any) -> tuple[int, int]:
 
 def check_forward(target: Any, input_ids: Any, kv: Any, positions: Any, attend: Any = None, valid: Any = None, *,
                   cached_attend: Any = None, logits_at: Any = None, **_: Any) -> None:
-    """:meth:`Target.forward <specmoe.interfaces.target.Target.forward>`: every tensor agrees with
-    ``input_ids [B, N]`` and the KV state's rows."""
+    """``Target.forward``: every tensor agrees with ``input_ids [B, N]`` and the KV state's rows."""
     where = f"{type(target).__name__}.forward"
     b, n = _token_batch(where, input_ids)
     rows = getattr(kv, "batch_size", b)
@@ -97,7 +86,6 @@ def check_forward(target: Any, input_ids: Any, kv: Any, positions: Any, attend: 
 
 def check_forward_standard(target: Any, input_ids: Any, attention_mask: Any, positions: Any, cache: Any = None, *,
                            logits_to_keep: Any = 0, **_: Any) -> None:
-    """:meth:`Target.forward_standard <specmoe.interfaces.target.Target.forward_standard>`."""
     where = f"{type(target).__name__}.forward_standard"
     b, n = _token_batch(where, input_ids)
     check_shape(where, "positions", positions, (b, n), "[B, N]", "int", one_row=True)
@@ -110,13 +98,11 @@ def check_forward_standard(target: Any, input_ids: Any, attention_mask: Any, pos
 
 
 def check_begin(drafter: Any, batch_size: Any, *_: Any, **__: Any) -> None:
-    """:meth:`Drafter.begin <specmoe.interfaces.drafter.Drafter.begin>`."""
     check_count(f"{type(drafter).__name__}.begin", "batch_size", batch_size)
 
 
 def check_draft(drafter: Any, state: Any, committed: Any, steps: Any, top_k: Any, *_: Any, **__: Any) -> None:
-    """:meth:`Drafter.draft <specmoe.interfaces.drafter.Drafter.draft>`: ``steps`` / ``top_k`` >= 1 and the
-    :class:`~specmoe.interfaces.drafter.Committed` tensors agree with ``committed.tokens [B, M]``."""
+    """``Drafter.draft``: ``steps`` / ``top_k`` >= 1, ``Committed`` tensors agree with ``committed.tokens [B, M]``."""
     where = f"{type(drafter).__name__}.draft"
     check_count(where, "steps", steps)
     check_count(where, "top_k", top_k)

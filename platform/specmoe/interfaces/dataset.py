@@ -18,9 +18,8 @@ class Sample:
 
     Attributes:
         id: stable identifier within the dataset.
-        turns: user turns; single-turn benchmarks have one. With ``chat`` the turns are rendered with the
-            target's chat template (multi-turn: each later turn sees the model's previous answers).
-        chat: render with the chat template (else ``turns[0]`` is a raw completion prompt).
+        turns: user turns (single-turn benchmarks have one; a later turn sees the model's previous answers).
+        chat: render with the target's chat template (else ``turns[0]`` is a raw completion prompt).
         reference: gold answer if the benchmark has one.
         meta: anything else (category, difficulty...).
     """

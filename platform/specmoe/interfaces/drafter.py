@@ -24,14 +24,11 @@ class Committed:
     """Tokens committed to the output since the drafter was last called.
 
     Attributes:
-        tokens: ``[B, M]`` int64; the last valid token of each row is the next tree's root (the bonus token,
-            not yet processed by the target).
+        tokens: ``[B, M]`` int64; each row's last valid token is the next tree's root (not yet seen by the target).
         valid: ``[B, M]`` bool (rows commit different numbers of tokens).
         positions: ``[B, M]`` int64 absolute positions.
-        features: ``[B, M, F]`` target hidden states (the drafter's ``feature_layers``) at the position
-            *before* each token (``features[:, i]`` was produced by the target when it processed the token
-            preceding ``tokens[:, i]``); zeros where there is no previous token. ``None`` when the drafter
-            asked for no features.
+        features: ``[B, M, F]`` target hidden states (the drafter's ``feature_layers``) from processing the
+            token *before* each token (zeros where there is none); ``None`` when the drafter asks for none.
         first: True on the first call of a generation (the prompt).
     """
 
@@ -43,14 +40,7 @@ class Committed:
 
 
 class Drafter(Plugin, ABC):
-    """Builds draft trees. Node scores are the drafter's own cumulative log-probabilities.
-
-    The pool follows EAGLE-2/3: expand the ``top_k`` frontier by ``top_k`` children for ``steps`` levels and
-    keep every candidate with its cumulative score (``top_k + (steps - 1) * top_k**2`` nodes + root).
-
-    Every implementation's :meth:`begin` and :meth:`draft` check their arguments first (sizes >= 1, the
-    :class:`Committed` tensors of one shape; :mod:`specmoe.interfaces.checks`).
-    """
+    """Builds EAGLE-2/3 draft trees scored by own cumulative log-probs; ``begin`` / ``draft`` check arguments first."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -64,28 +54,22 @@ class Drafter(Plugin, ABC):
 
     @property
     def feature_size(self) -> int:
-        """Width ``F`` of the per-node features this drafter attaches to its trees (:attr:`DraftTree.features`);
-        0 when it attaches none (the default). Valid after :meth:`setup`."""
+        """Width ``F`` of :attr:`DraftTree.features` this drafter attaches (0: none). Valid after :meth:`setup`."""
         return 0
 
     def teacher_features(self, tokens: torch.Tensor, valid: torch.Tensor, target_hidden: torch.Tensor | None,
                          depths: int = 1) -> list[torch.Tensor]:
-        """The node features :meth:`draft` would attach, computed teacher-forced over whole sequences (training
-        data of feature-based predictors; no cache, no tree).
+        """The node features :meth:`draft` would attach, teacher-forced over whole sequences (no cache, no tree).
 
         Args:
-            tokens: ``[B, T]`` int64 right-padded sequences.
-            valid: ``[B, T]`` bool.
-            target_hidden: ``[B, T, F_t]`` the target's hidden states :attr:`feature_layers` at every position
-                (its causal pass over ``tokens``); ``None`` when :attr:`feature_layers` is empty.
+            tokens, valid: ``[B, T]`` int64 right-padded sequences and their bool validity.
+            target_hidden: ``[B, T, F_t]`` the target's :attr:`feature_layers` over ``tokens`` (``None``: none).
             depths: how many tree depths to produce.
 
         Returns:
-            ``depths`` tensors ``[B, T, F]``: entry ``d - 1`` at position ``t`` is the feature of a depth-``d``
-            node with token ``tokens[:, t]`` in a tree rooted at ``tokens[:, t - d]`` whose path is the
-            sequence itself (depth 1 is also the root's feature: both were proposed by a step over committed
-            tokens). Positions ``t <= d`` have no such tree (the first drafter step needs a token before its
-            input): their values are unspecified and consumers ignore them.
+            ``depths`` tensors ``[B, T, F]``: entry ``d - 1`` at ``t`` is the feature of a depth-``d`` node with
+            token ``tokens[:, t]`` in the tree rooted at ``tokens[:, t - d]`` along the sequence (depth 1 is also
+            the root's). Values at ``t <= d`` are unspecified.
         """
         raise NotImplementedError(f"drafter {type(self).__name__} computes no per-node features")
 
@@ -99,9 +83,5 @@ class Drafter(Plugin, ABC):
 
     @abstractmethod
     def draft(self, state: Any, committed: Committed, steps: int, top_k: int) -> DraftTree:
-        """Absorb ``committed`` into ``state`` and return the candidate pool rooted at each row's last token.
-
-        Returns:
-            A :class:`DraftTree` with ``N = 1 + top_k + (steps - 1) * top_k**2`` nodes per row, with
-            ``features [B, N, feature_size]`` when :attr:`feature_size` > 0.
-        """
+        """Absorb ``committed``; return the pool rooted at each row's last token: ``N = 1 + top_k + (steps - 1) *
+        top_k**2`` nodes per row, ``features [B, N, feature_size]`` when :attr:`feature_size` > 0."""

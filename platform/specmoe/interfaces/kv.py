@@ -1,16 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """KV cache state for tree decoding on Hugging Face models (targets and HF draft models).
 
-Every attention layer keeps its keys and values in preallocated buffers ``[B, H, capacity, D]`` that a forward
-pass writes in place (:class:`SlotLayer`); the model attends over the filled prefix (a view, no copy). When a
-pass would overflow the capacity, the buffers double (an amortised copy, never one per step). Every layer is
-a full (non-sliding) layer: sliding-window attention is applied through the mask from the absolute position of
-every cached slot, so a rejected tree token never displaces context.
-
-Slots are tracked per row: ``pos [B, S]`` (absolute position) and ``valid [B, S]``, so rows of a batch may hold
-different numbers of committed tokens (padding slots are masked out). Pruning after acceptance
-(:meth:`KVState.keep_last`) touches only the slots of the last pass: the kept ones are moved to the front of
-that region, a few positions per layer, whatever the context length.
+Each layer writes keys / values in place into ``[B, H, capacity, D]`` buffers (:class:`SlotLayer`), doubled on
+overflow. Every layer is full (sliding windows are applied through the mask, so rejected tree tokens never displace
+context); slots are tracked per row (``pos`` / ``valid [B, S]``; padding masked out).
 """
 
 from __future__ import annotations
@@ -50,9 +43,7 @@ def _grown(buf: torch.Tensor, length: int, need: int) -> torch.Tensor:
 def tree_masks(pos: torch.Tensor, valid: torch.Tensor, q_pos: torch.Tensor, attend: torch.Tensor,
                q_valid: torch.Tensor, windows: Sequence[int | None], cached_attend: torch.Tensor | None = None,
                dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-    """The masks of :meth:`KVState.masks` over cached slots at positions ``pos [B, S]`` with validity
-    ``valid [B, S]``: one ``[B, 1, N, S + N]`` per entry of ``windows``, bool, or additive of ``dtype``. A pure
-    function of tensors (a compiled decoding pass builds its masks with it)."""
+    """:meth:`KVState.masks` as a pure function of the slots' ``pos`` / ``valid [B, S]`` (for compiled passes)."""
     n = q_pos.shape[1]
     keys_pos = torch.cat([pos, q_pos], dim=1)  # [B, S + N]
     q_col = q_valid[:, :, None]
@@ -76,11 +67,7 @@ def tree_masks(pos: torch.Tensor, valid: torch.Tensor, q_pos: torch.Tensor, atte
 
 
 class SlotLayer:
-    """Keys and values of one attention layer in preallocated buffers, written in place.
-
-    Implements the ``transformers`` cache-layer protocol that the attention modules use (``update``,
-    ``get_seq_length``, ``get_mask_sizes``); :class:`KVState` prunes it.
-    """
+    """One attention layer's keys / values in preallocated buffers, written in place (``transformers`` cache layer)."""
 
     is_sliding = False
     is_compileable = False
@@ -117,9 +104,7 @@ class SlotLayer:
         return self.keys, self.values
 
     def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole buffers ``[B, H, C, D]`` of an initialized layer with room for ``n`` more slots after
-        :attr:`length` (grown as :meth:`update` grows them), for a pass that writes its keys and values into
-        them itself; then :meth:`advance` by ``n``."""
+        """The ``[B, H, C, D]`` buffers with room for ``n`` slots after :attr:`length`; write, then :meth:`advance`."""
         end = self.length + n
         if end > self._k.shape[2]:
             self._k, self._v = _grown(self._k, self.length, end), _grown(self._v, self.length, end)
@@ -149,8 +134,7 @@ class SlotLayer:
         self._set_length(min(length, self.length))
 
     def move(self, start: int, src: torch.Tensor) -> None:
-        """Slots ``start + src[j]`` -> ``start + j`` for ``j < len(src)`` (``src [M]`` ascending, on any
-        device), then keep ``start + M`` slots. Reads and writes only ``M`` slots."""
+        """Slots ``start + src[j]`` -> ``start + j`` (``src [M]`` ascending, any device); keep ``start + M``."""
         if self._k is None:
             return
         idx = src.to(self._k.device) + start
@@ -160,8 +144,7 @@ class SlotLayer:
         self._set_length(start + m)
 
     def compact(self, start: int, order: torch.Tensor, length: int) -> None:
-        """Row-wise reorder of the slots from ``start`` on: ``order [B, n]`` (slot offsets, per row the kept
-        ones first), then keep ``length`` slots. Reads and writes only the ``n`` slots of that region."""
+        """Row-wise reorder of the ``n`` slots from ``start`` by ``order [B, n]`` (kept ones first); keep ``length``."""
         if self._k is None:
             return
         n = order.shape[1]
@@ -177,8 +160,7 @@ class SlotLayer:
 
 
 def slot_cache(capacity: int = 0):
-    """A ``transformers`` ``DynamicCache`` (models check the type) whose lazily created layers are
-    :class:`SlotLayer` buffers of ``capacity`` slots."""
+    """A ``DynamicCache`` (models check the type) whose lazy layers are :class:`SlotLayer` s of ``capacity``."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
@@ -187,13 +169,7 @@ def slot_cache(capacity: int = 0):
 
 
 class KVState:
-    """A cache of :class:`SlotLayer` buffers plus the position and validity of each cached slot.
-
-    Args:
-        batch_size: rows ``B``.
-        device: where the position/validity tensors live.
-        capacity: slots to preallocate per row (the cache grows by doubling beyond it).
-    """
+    """:class:`SlotLayer` cache plus each slot's position / validity; ``capacity`` slots per row, then doubled."""
 
     def __init__(self, batch_size: int, device: torch.device | str = "cpu", capacity: int = 0) -> None:
         cap = max(int(capacity), _MIN_CAPACITY)
@@ -231,7 +207,6 @@ class KVState:
     def _layers(self) -> list[SlotLayer]:
         return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
 
-    # ---------------------------------------------------------------- masks
     def allowed(self, q_pos: torch.Tensor, attend: torch.Tensor, q_valid: torch.Tensor,
                 sliding_window: int | None = None, cached_attend: torch.Tensor | None = None) -> torch.Tensor:
         """bool ``[B, 1, N, S + N]``: which cached and new slots each new query may attend.
@@ -241,17 +216,14 @@ class KVState:
             attend: ``[B, N, N]`` bool, new-token-to-new-token visibility (tree ancestors, self included).
             q_valid: ``[B, N]`` bool; invalid (padding) queries see only themselves.
             sliding_window: if set, a key is visible only when ``q_pos - k_pos < sliding_window``.
-            cached_attend: ``[B, N, S]`` bool, extra restriction on cached slots (drafters keep uncommitted
-                tree nodes in the cache while they expand a tree; a node sees only its own ancestors).
+            cached_attend: ``[B, N, S]`` bool extra restriction on cached slots (uncommitted drafter tree nodes).
         """
         return self.masks(q_pos, attend, q_valid, [sliding_window], cached_attend, None)[0]
 
     def masks(self, q_pos: torch.Tensor, attend: torch.Tensor, q_valid: torch.Tensor,
               windows: Sequence[int | None], cached_attend: torch.Tensor | None = None,
               dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-        """One mask ``[B, 1, N, S + N]`` per entry of ``windows`` (``None``: full attention), sharing the work
-        that does not depend on the window: bool masks (:meth:`allowed`), or additive float masks of
-        ``dtype`` (:func:`tree_masks` over this state's slots)."""
+        """One ``[B, 1, N, S + N]`` mask per entry of ``windows`` (``None``: full): bool, or additive of ``dtype``."""
         return tree_masks(self.pos, self.valid, q_pos, attend, q_valid, windows, cached_attend, dtype)
 
     def mask(self, q_pos: torch.Tensor, attend: torch.Tensor, q_valid: torch.Tensor, dtype: torch.dtype,
@@ -259,7 +231,6 @@ class KVState:
         """Additive float mask ``[B, 1, N, S + N]`` for eager/sdpa attention (see :meth:`allowed`)."""
         return self.masks(q_pos, attend, q_valid, [sliding_window], cached_attend, dtype)[0]
 
-    # ---------------------------------------------------------------- bookkeeping
     def append(self, q_pos: torch.Tensor, q_valid: torch.Tensor) -> None:
         """Record ``N`` slots that a forward pass just appended to every cache layer."""
         n = q_pos.shape[1]
@@ -276,16 +247,9 @@ class KVState:
         self._len = end
 
     def keep_last(self, n_new: int, keep: torch.Tensor | Sequence[Sequence[int]]) -> None:
-        """Keep all older slots and, of the last ``n_new`` slots, the kept ones.
-
-        Args:
-            n_new: slots of the last pass.
-            keep: ``[B, n_new]`` bool, or per row the ascending offsets (``< n_new``) of the kept slots.
-
-        Kept slots stay in their order (tree node order is parent-before-child, so an accepted path keeps its
-        order) and move to the front of the last pass's region; only that region is read and written. With
-        ``B > 1`` rows that keep fewer slots end with invalid padding slots.
-        """
+        """Keep all older slots and, of the last pass's ``n_new``, those in ``keep`` (``[B, n_new]`` bool, or per
+        row ascending offsets). Kept slots keep their order and move to the front of that region (only it is read
+        and written); with ``B > 1``, rows that keep fewer end with invalid padding slots."""
         if isinstance(keep, torch.Tensor):
             flags = keep.tolist()
             keep = [[j for j, f in enumerate(row) if f] for row in flags]
@@ -318,7 +282,7 @@ class KVState:
             region.masked_fill_(tail.to(region.device), False)
 
     def drop_last(self, n: int) -> None:
-        """Forget the last ``n`` slots (e.g. after a look-ahead pass whose results are not committed)."""
+        """Forget the last ``n`` slots (e.g. an uncommitted look-ahead pass)."""
         self._truncate(self._len - n)
 
     def _truncate(self, length: int) -> None:

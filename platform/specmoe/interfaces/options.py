@@ -12,11 +12,7 @@ __all__ = ["DType", "torch_dtype"]
 
 
 class DType(str, Enum):
-    """A floating-point dtype option: ``float32``, ``bfloat16`` or ``float16``.
-
-    The short spellings ``fp32``, ``bf16`` and ``fp16`` are accepted as aliases of the same members (recipes
-    keep whichever they wrote; resolved configs show the full name). Anything else fails ``platform validate``.
-    """
+    """A floating-point dtype option: ``float32``, ``bfloat16``, ``float16`` (aliases ``fp32``, ``bf16``, ``fp16``)."""
 
     float32 = "float32"
     bfloat16 = "bfloat16"
@@ -33,7 +29,6 @@ class DType(str, Enum):
 
     @property
     def torch(self) -> torch.dtype:
-        """The ``torch.dtype``."""
         return getattr(torch, self.value)
 
     @classmethod
@@ -44,15 +39,8 @@ class DType(str, Enum):
 
 def torch_dtype(value: DType | str | None, default: torch.dtype | None = None,
                 where: str = "dtype") -> torch.dtype | None:
-    """``value`` (a :class:`DType`, one of its spellings, or ``None`` for ``default``) as a ``torch.dtype``.
-
-    Args:
-        where: the option's name in the error message (``drafter eagle3.dtype``).
-
-    Raises:
-        ValueError: ``value`` is not a spelling of :class:`DType` (a recipe never gets here: ``platform
-            validate`` rejects it first).
-    """
+    """``value`` (a :class:`DType`, a spelling, or ``None``: ``default``) as a ``torch.dtype``; ``ValueError``
+    (naming the option ``where``) for anything else."""
     if value is None:
         return default
     try:

@@ -10,12 +10,9 @@ __all__ = ["Plugin"]
 
 
 class Plugin:
-    """Base class of all components.
-
-    Subclasses declare their recipe keyword arguments as a nested dataclass named ``Config``; a recipe node
-    ``{name: <key>, a: 1}`` is validated against it (unknown keys are errors) and the plugin is built with
-    ``cls(cls.Config(a=1))``. Plugins never receive the whole run configuration.
-    """
+    """Base class of all components: recipe options are declared as a nested ``Config`` dataclass; a recipe
+    node ``{name: <key>, a: 1}`` is validated against it (unknown keys are errors) and built as
+    ``cls(cls.Config(a=1))``. Plugins never receive the whole run configuration."""
 
     @dataclass
     class Config:

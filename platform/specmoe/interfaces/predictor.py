@@ -19,15 +19,11 @@ __all__ = ["Predictor"]
 
 
 class Predictor(Plugin, ABC):
-    """Predicts a top-K expert set per tree node and MoE layer.
-
-    Expert sets are boolean ``[B, N, L, E]`` tensors so that unions are ``|`` and marginal costs are sums.
-    """
+    """Predicts a top-K expert set per tree node and MoE layer, as bool ``[B, N, L, E]`` (union: ``|``)."""
 
     #: analysis-only predictors (e.g. the oracle) must not be counted as a real method's time
     analysis_only: ClassVar[bool] = False
-    #: reads the drafter's per-node features (:attr:`DraftTree.features`): needs a drafter that attaches them
-    #: (``Drafter.feature_size > 0``)
+    #: reads :attr:`DraftTree.features`: needs a drafter with ``feature_size > 0``
     uses_draft_features: ClassVar[bool] = False
 
     @abstractmethod
@@ -39,15 +35,9 @@ class Predictor(Plugin, ABC):
         return None
 
     def observe(self, state: Any, committed: Committed) -> None:
-        """Absorb tokens committed since the last call (context for the next prediction), the next tree's
-        root included. Called once per step before :meth:`predict`. Default: ignore."""
+        """Absorb tokens committed since the last call, next root included; once per step before :meth:`predict`."""
 
     @abstractmethod
     def predict(self, state: Any, tree: DraftTree) -> torch.Tensor:
-        """Return ``[B, N, L, E]`` bool: predicted experts of every node of ``tree`` (root included).
-
-        Args:
-            state: from :meth:`begin`, after :meth:`observe` of everything committed so far.
-            tree: the candidate pool (node 0 is the last committed token, which the target has not processed
-                yet).
-        """
+        """``[B, N, L, E]`` bool predicted experts of every node of ``tree`` (node 0: the last committed token, not
+        yet processed by the target); ``state`` is from :meth:`begin`, after :meth:`observe` of all committed."""

@@ -1,19 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Rate-aware selection: what an engine and a selector that prices its choice in expected tokens per second
-(``goodput``) exchange, and the interface of such selectors.
+"""Rate-aware selection: selectors that price their choice in expected tokens per second, and what they exchange.
 
-Per speculative step the engine (all optional for it: ``select`` keeps working):
-
-1. drafts the pool and runs the predictor, timing both;
-2. ``plan = selector.plan(tree, budget, experts, buffer, SelectionContext(temperature, kv_slots, t_draft,
-   t_pred))``;
-3. verifies ``plan.selected`` and accepts, exactly as for any selector (the choice of nodes never affects
-   losslessness);
-4. ``selector.observe(StepOutcome.from_record(record, ...))`` with what happened.
-
-``plan.expected_rate`` against ``plan.ar_rate`` (or a measured AR rate) is what an AR floor compares
-(:class:`FloorOptions`, :mod:`specmoe.decoding.ar_floor`); AR steps are reported with
-``StepOutcome(speculative=False, ...)`` so that the cost model also learns plain decoding.
+Per step the engine calls ``plan = selector.plan(...)``, verifies ``plan.selected`` as for any selector
+(losslessness never depends on it), then ``selector.observe(StepOutcome.from_record(...))`` (AR steps:
+``speculative=False``). An AR floor (:class:`FloorOptions`) compares ``plan.expected_rate`` with the AR rate.
 """
 
 from __future__ import annotations
@@ -39,11 +29,8 @@ class SelectionContext:
         kv_slots: cached KV slots per row before verification (the cache's padded length).
         t_draft: seconds this step's drafting took; ``None``: the selector's running estimate.
         t_pred: seconds this step's expert prediction took (0 without a predictor); ``None``: estimate.
-        absorbed: committed tokens per row (the padded width) the drafter and predictor absorbed this step
-            before drafting: the prompt at a generation's first step, every AR step's token after a stretch
-            under the AR floor, the last step's accepted tokens in a speculative stretch (``None``: unknown).
-            A selector pricing the steps to come may replace this step's catch-up seconds by its estimate of
-            a speculative stretch's.
+        absorbed: committed tokens per row (padded width) the drafter and predictor absorbed before drafting
+            (the prompt, tokens of AR steps, or the last step's accepted ones; ``None``: unknown).
     """
 
     temperature: float = 0.0
@@ -58,19 +45,15 @@ class SelectionPlan:
     """A selection and its price.
 
     Attributes:
-        selected: ``[B, N]`` bool, the :meth:`Selector.select` contract (ancestor-closed, root selected in
-            active rows, at most ``budget`` per row, no padding).
-        expected_tokens: ``[B]`` float64, per row ``1 + sum`` of the predicted acceptance probabilities of the
-            selected non-root nodes (tokens the step is expected to commit; 0 for inactive rows).
+        selected: ``[B, N]`` bool, as :meth:`Selector.select` returns (root selected in active rows).
+        expected_tokens: ``[B]`` float64 expected committed tokens (``1 + sum`` of the selected non-root nodes'
+            predicted acceptance probabilities; 0 for inactive rows).
         t_verify: predicted seconds of the verification pass.
         t_step: predicted seconds of the whole step (draft + predictor + selection + verification).
         expected_rate: ``expected_tokens.sum() / t_step``, tokens per second.
-        ar_rate: predicted tokens per second of a plain AR step for the same active rows (one token each, no
-            drafting, prediction or selection).
-        provisional: the price includes a catch-up cost (``SelectionContext.absorbed``) the selector cannot
-            yet tell from a speculative stretch's: an AR floor should not decide on it (speculate once more).
-        catch_up: measured seconds of this step's drafting / prediction beyond what a step of a speculative
-            stretch pays (the catch-up on the prompt or on AR steps' tokens that ``t_step`` left out; 0 when none).
+        ar_rate: predicted tokens per second of a plain AR step for the same active rows.
+        provisional: the price includes a catch-up cost not yet separable: an AR floor should not decide on it.
+        catch_up: measured catch-up seconds of drafting / prediction that ``t_step`` leaves out (0: none).
     """
 
     selected: torch.Tensor
@@ -140,8 +123,7 @@ class FloorOptions:
         margin: speculate while the plan's expected rate >= ``margin`` x the measured AR rate.
         probe_after: AR steps after the first failed decision before speculation is probed again.
         probe_max: cap of the doubling back-off between probes.
-        tolerance: share of the decoding time failed probes may cost (each failed probe is followed by at least
-            ``loss / tolerance`` AR steps, ``loss`` its lost AR steps' worth of tokens).
+        tolerance: share of the decoding time failed probes may cost.
     """
 
     margin: float = 1.0
@@ -151,12 +133,8 @@ class FloorOptions:
 
 
 class AdaptiveSelector(Selector):
-    """A selector that prices its choice (:meth:`plan`) and learns from what happened (:meth:`observe`).
-
-    ``select`` is ``plan(...).selected`` with a default context, so an engine that knows nothing of this
-    interface still gets a valid selection; the last plan is kept in :attr:`last_plan`. :attr:`ar_floor`
-    (``None``: none) asks the engine to take AR steps while speculation is expected to be slower.
-    """
+    """A selector that prices its choice (:meth:`plan`; ``select`` is ``plan(...).selected``) and learns from
+    outcomes (:meth:`observe`). :attr:`ar_floor` (``None``: none) asks for AR steps while speculation is slower."""
 
     last_plan: SelectionPlan | None = None
     ar_floor: FloorOptions | None = None
@@ -174,6 +152,5 @@ class AdaptiveSelector(Selector):
         """Absorb a finished step (speculative or AR). Default: ignore."""
 
     def calibration(self) -> dict[str, Any]:
-        """JSON-able state of the selector's models (coefficients, fit and calibration errors) for reports and
-        MLflow; default: none."""
+        """JSON-able state of the selector's models (coefficients, errors) for reports; default: none."""
         return {}

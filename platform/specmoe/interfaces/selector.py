@@ -22,23 +22,17 @@ class Selector(Plugin, ABC):
 
     @property
     def node_values(self) -> bool:
-        """Whether :meth:`select` ranks by calibrated node values (:attr:`DraftTree.value`): the engine then
-        sets them on every tree before selection and learns them online from each step's acceptance outcomes
-        (:mod:`specmoe.decoding.node_values`). Default False: rank by the draft's own path probabilities."""
+        """Whether :meth:`select` ranks by :attr:`DraftTree.value` (set and learned online by the engine)."""
         return False
 
     @abstractmethod
     def select(self, tree: DraftTree, budget: int, experts: torch.Tensor | None = None,
                buffer: torch.Tensor | None = None) -> torch.Tensor:
-        """Choose nodes to verify.
+        """Choose nodes to verify: ``[B, N]`` bool, ancestor-closed, root selected, at most ``budget`` (gamma,
+        root included) per row, no padding node.
 
         Args:
             tree: ``B`` candidate pools of ``N`` nodes.
-            budget: gamma, the maximum number of selected nodes per row, root included.
             experts: ``[B, N, L, E]`` bool predicted expert sets of each node (if ``needs_experts``).
             buffer: ``[L, E]`` bool initial expert buffer B0 (experts already counted as loaded).
-
-        Returns:
-            ``[B, N]`` bool, ancestor-closed, root selected, at most ``budget`` True per row, never a
-            padding node.
         """

@@ -18,9 +18,8 @@ class StageContext:
     """What a running stage may use besides its own config.
 
     Attributes:
-        run_config: the whole resolved recipe (read-only; stages should depend only on their own options,
-            since only those are part of the cache key).
-        data_dir: benchmark/training data directory (layout of ``../shared/data``), if known.
+        run_config: the whole resolved recipe (read-only; only the stage's own options are in its cache key).
+        data_dir: benchmark/training data directory, if known.
         run_dir: the current run directory (logs, not cached results).
         tracking_uri: MLflow tracking URI when tracking is enabled, else ``None``.
         parent_run_id: MLflow run id of the recipe run (stages log nested runs under it), if any.
@@ -37,37 +36,25 @@ class StageContext:
 
 
 class Stage(Plugin, ABC):
-    """A stage writes its result into ``out_dir``; the runner caches it under a hash of its config.
-
-    A stage's config may reference another stage's output as the string ``"stage:<id>"``; the runner runs
-    that stage first and substitutes its output directory. A stage must be resumable: when ``out_dir``
-    holds partial work from a killed run, continue from it.
-    """
+    """A stage writes its result into ``out_dir``, cached under a hash of its config; ``"stage:<id>"`` in a config
+    becomes that stage's output directory. It must resume from partial work a killed run left in ``out_dir``."""
 
     #: bump when the stage's code changes what it produces (part of the cache key)
     version: ClassVar[str] = "1"
-    #: True for stages that train with ``lightning.Trainer`` across processes: under ``torchrun``/SLURM
-    #: every rank runs them (only rank 0 should write the final export). Other stages run on rank 0 while
-    #: the other ranks wait for their result.
+    #: True: every rank runs it under ``torchrun``/SLURM (only rank 0 writes the export); else rank 0 only
     distributed: ClassVar[bool] = False
 
     @classmethod
     def key_facts(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """Facts of this machine that change what the stage computes and are not in its options (e.g. the
-        precision ``precision: auto`` resolves to): part of the cache key. ``options`` are the validated
-        options, defaults filled in and stage references replaced by directories. Default: none."""
+        """Machine facts that change the result but are not in the (validated, resolved) ``options``, e.g. what
+        ``precision: auto`` resolves to: part of the cache key. Default: none."""
         return {}
 
     def can_resume(self, out_dir: Path) -> Optional[bool]:
-        """After a failed attempt: ``True`` to continue from the partial work in ``out_dir``, ``False`` to
-        start over in an empty directory, ``None`` (default) to let the runner decide (it resumes a stage
-        whose newest valid Lightning checkpoint has steps left, and a stage that keeps no checkpoints)."""
+        """After a failure: ``True`` resume in ``out_dir``, ``False`` start over, ``None`` (default): runner decides."""
         return None
 
     @abstractmethod
     def run(self, out_dir: Path, ctx: StageContext) -> dict[str, Any]:
-        """Do the work; return a small JSON-able summary (also stored in ``out_dir/summary.json``).
-
-        Raise :class:`specmoe.errors.StageIncomplete` when stopping before the end of the budget (e.g. an
-        opt-in wall-clock guard): the stage is recorded as incomplete, not done, and a rerun continues it.
-        """
+        """Do the work; return a small JSON-able summary (also stored in ``out_dir/summary.json``). Raise
+        :class:`specmoe.errors.StageIncomplete` when stopping before the budget's end (a rerun continues)."""

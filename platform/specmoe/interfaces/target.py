@@ -1,9 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Target interface: the MoE model whose output speculative decoding must reproduce.
-
-Everything the engine, the drafters, the predictors, the verifiers and the training stages need from a
-target is on :class:`Target`; none of them reaches into the model object behind it.
-"""
+"""Target interface: the MoE model whose output speculative decoding must reproduce."""
 
 from __future__ import annotations
 
@@ -25,12 +21,10 @@ class TargetOutput:
     """What one target forward pass returns.
 
     Attributes:
-        logits: ``[B, N, V]`` float32 next-token logits at every new position (``None`` when the caller asked
-            for none: ``compute_logits=False``).
+        logits: ``[B, N, V]`` float32 next-token logits per new position (``None``: ``compute_logits=False``).
         hidden: ``[B, N, F]`` concatenation of the requested hidden states (``None`` if none requested).
-        routing: ``[B, N, L, K]`` int64 experts chosen by the target's router at each of the ``L`` MoE
-            layers (``None`` unless ``capture_routing``). Padding positions hold whatever the router chose for
-            the padding token; mask them with the ``valid`` you passed.
+        routing: ``[B, N, L, K]`` int64 router-chosen experts per MoE layer (``None`` unless ``capture_routing``);
+            padding positions hold the padding token's choice: mask them with ``valid``.
     """
 
     logits: torch.Tensor | None
@@ -40,12 +34,10 @@ class TargetOutput:
 
 @dataclass
 class TargetParts:
-    """The target network's own building blocks, for drafters built from the target's architecture (an MTP
-    head is one more decoder layer of the target's kind over the target's embedding, final norm and LM head).
+    """The target network's building blocks, for drafters built from its architecture (e.g. an MTP head).
 
     Attributes:
-        config: the architecture configuration (a ``transformers.PretrainedConfig`` for Hugging Face models):
-            sizes, attention heads, MLP width, norm epsilon, RoPE settings. ``config.to_dict()`` is JSON-able.
+        config: the architecture config (``transformers.PretrainedConfig`` for HF; ``to_dict()`` is JSON-able).
         embed_tokens: ``[...]`` token ids -> ``[..., H]`` input embeddings (``.weight`` is ``[V, H]``; frozen).
         lm_head: ``[..., H]`` -> ``[..., V]`` logits (``.weight`` is ``[V, H]``).
         final_norm: ``[..., H]`` -> ``[..., H]``, the norm applied before ``lm_head``.
@@ -71,18 +63,13 @@ class TargetParts:
 
 
 class Target(Plugin, ABC):
-    """A causal MoE language model with tree-structured forward passes and routing capture.
-
-    Every implementation's :meth:`forward` and :meth:`forward_standard` check their arguments first (shapes
-    and dtypes against ``input_ids`` and the KV state; :mod:`specmoe.interfaces.checks`).
-    """
+    """A causal MoE LM with tree passes and routing capture; ``forward`` / ``forward_standard`` check arguments."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         checked_method(cls, "forward", check_forward)
         checked_method(cls, "forward_standard", check_forward_standard)
 
-    # ------------------------------------------------------------------ structure
     #: the tokenizer (``encode`` / ``decode`` / ``apply_chat_template``), or ``None`` for tokenizer-less models
     tokenizer: Any
     #: local checkpoint directory or hub id the model was loaded from (drafters such as MTP default to it)
@@ -127,25 +114,20 @@ class Target(Plugin, ABC):
     def top_k(self) -> int:
         """Experts chosen per token per MoE layer (``K``)."""
 
-    # Optional capabilities below carry defaults; a target overrides them where it knows better.
     @property
     def bytes_per_expert(self) -> int:
-        """Bytes of one routed expert's weights (and biases) as loaded, in the dtype the model runs in. Default:
-        the parameters of the first MoE layer's experts module over :attr:`num_experts`."""
+        """Bytes of one routed expert's weights (and biases) as loaded. Default: from the first MoE layer."""
         mod = self.experts_modules()[0]
         return sum(p.numel() * p.element_size() for p in mod.parameters()) // max(1, self.num_experts)
 
     @property
     def bytes_per_expert_stored(self) -> int:
-        """Bytes of one routed expert's weights (and biases) at the checkpoint's stored precision (MXFP4 with
-        its scales, FP8 with its block scales, bf16...): the size the paper's Fig. 1c and Table 2 count. Default:
-        :attr:`bytes_per_expert` (stored as loaded)."""
+        """Bytes of one routed expert at the checkpoint's stored precision. Default: :attr:`bytes_per_expert`."""
         return self.bytes_per_expert
 
     @property
     def expert_storage(self) -> str:
-        """A short description of how the checkpoint stores the experts (e.g. ``mxfp4: 4-bit e2m1 weights +
-        one e8m0 byte scale per 32 weights``). Default: the loaded dtype."""
+        """How the checkpoint stores the experts, in a few words. Default: the loaded dtype."""
         return f"{str(self.dtype).removeprefix('torch.')} weights, as loaded"
 
     @property
@@ -156,7 +138,6 @@ class Target(Plugin, ABC):
     def to(self, device: torch.device | str) -> None:
         """Move the model to ``device`` (a no-op for a model spread over devices by a device map)."""
 
-    # ------------------------------------------------------------------ compute
     def new_kv(self, batch_size: int, capacity: int = 0) -> KVState:
         """An empty KV state for ``batch_size`` rows, preallocated for ``capacity`` slots per row."""
         check_count(f"{type(self).__name__}.new_kv", "batch_size", batch_size)
@@ -168,10 +149,7 @@ class Target(Plugin, ABC):
                 attend: torch.Tensor | None = None, valid: torch.Tensor | None = None, *,
                 hidden_layers: Sequence[int] = (), capture_routing: bool = False,
                 cached_attend: torch.Tensor | None = None, logits_at: torch.Tensor | None = None) -> TargetOutput:
-        """One forward pass over ``N`` new tokens per row, appended to ``kv``.
-
-        Every returned tensor is on :attr:`device` (a target spread over several devices moves what crosses
-        layers there once per pass).
+        """One forward pass over ``N`` new tokens per row, appended to ``kv``; every output is on :attr:`device`.
 
         Args:
             input_ids: ``[B, N]`` int64.
@@ -182,10 +160,8 @@ class Target(Plugin, ABC):
             hidden_layers: indices into the model's ``hidden_states`` tuple (0 = embeddings, i + 1 = output
                 of decoder layer i, -1 = final normalized state) to concatenate into ``TargetOutput.hidden``.
             capture_routing: record the router's top-k choice per token and MoE layer.
-            cached_attend: ``[B, N, S]`` bool extra restriction on the ``S`` cached slots (a drafter that keeps
-                uncommitted tree nodes in the cache lets each node see only its own ancestors).
-            logits_at: ``[B, P]`` int64 indices into the ``N`` new tokens: compute logits only there
-                (``TargetOutput.logits`` is then ``[B, P, V]``; a prompt pass needs only each row's last one).
+            cached_attend: ``[B, N, S]`` bool extra restriction on the ``S`` cached slots.
+            logits_at: ``[B, P]`` int64 indices into the ``N`` new tokens: logits only there (``[B, P, V]``).
         """
 
     @abstractmethod
@@ -196,40 +172,29 @@ class Target(Plugin, ABC):
     def forward_standard(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
                          cache: Any = None, *, hidden_layers: Sequence[int] = (), capture_routing: bool = False,
                          compute_logits: bool = True, logits_to_keep: int = 0) -> TargetOutput:
-        """The model's own causal forward path (no custom masks): the autoregressive reference, and the
-        teacher pass of training stages (full sequences, ``cache=None``).
+        """The model's own causal forward (no custom masks): the AR reference and the training teacher pass.
 
         Args:
-            input_ids: ``[B, N]`` int64 new tokens.
-            attention_mask: ``[B, S + N]`` 2D padding mask (1 = real token) over cached and new tokens; ``None``:
-                no padding.
-            positions: ``[B, N]`` absolute positions.
+            input_ids, positions: ``[B, N]`` int64 new tokens and their absolute positions.
+            attention_mask: ``[B, S + N]`` padding mask (1 = real token) over cached and new tokens, or ``None``.
             cache: from :meth:`new_standard_cache`, updated in place; ``None``: no cache (one whole pass).
-            hidden_layers: as in :meth:`forward`.
-            capture_routing: as in :meth:`forward`.
-            compute_logits: ``False`` skips the LM head (``logits`` is ``None``; saves the ``[B, N, V]`` tensor
-                when only routing or hidden states are wanted).
-            logits_to_keep: ``k > 0`` computes logits for the last ``k`` positions only (``[B, k, V]``; a
-                left-padded prompt pass needs only the last); 0: every position.
+            hidden_layers, capture_routing: as in :meth:`forward`.
+            compute_logits: ``False`` skips the LM head (``logits`` is ``None``).
+            logits_to_keep: ``k > 0``: logits for the last ``k`` positions only (``[B, k, V]``); 0: all.
         """
 
-    # ------------------------------------------------------------------ modules
     @abstractmethod
     def routers(self) -> list[torch.nn.Module]:
-        """The router module of each MoE layer; calling one on ``[T, H]`` returns a tuple ending in
-        the ``[T, K]`` chosen expert indices."""
+        """Each MoE layer's router: ``router(x [T, H])`` returns a tuple ending in ``[T, K]`` expert indices."""
 
     def router_inputs_norms(self) -> list[torch.nn.Module]:
-        """The normalization applied to the residual stream before each MoE layer's router. Optional: only what
-        runs the routers outside the model reads it (a predictor that routes token embeddings, the dense-bytes
-        roofline); the default says the target does not expose it."""
+        """The norm before each MoE layer's router (optional; needed only to run routers outside the model)."""
         raise NotImplementedError(f"target {type(self).__name__} does not expose the norms before its routers "
                                   f"(Target.router_inputs_norms), which routing outside the model needs")
 
     @abstractmethod
     def experts_modules(self) -> list[torch.nn.Module]:
-        """The experts module of each MoE layer: ``module(hidden [T, H], top_k_index [T, K],
-        top_k_weights [T, K]) -> [T, H]``."""
+        """Each MoE layer's experts: ``(hidden [T, H], top_k_index [T, K], top_k_weights [T, K]) -> [T, H]``."""
 
     @abstractmethod
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -242,13 +207,10 @@ class Target(Plugin, ABC):
 
     @abstractmethod
     def set_experts_implementation(self, name: str) -> None:
-        """Switch every MoE layer to the experts implementation registered under ``name`` (what a
-        :class:`~specmoe.interfaces.verifier.Verifier` installs)."""
+        """Switch every MoE layer to the experts implementation registered under ``name``."""
 
     def compile_passes(self, verifier: Any) -> None:
-        """Optional: run the decoding passes (autoregressive steps, verification) as one compiled graph with
-        the installed :class:`~specmoe.interfaces.verifier.Verifier` (its ``graph_experts`` where it has them),
-        where the target can; ``None``: every pass eager. The default ignores it."""
+        """Optional: compile decoding passes with ``verifier`` (``None``: all eager). The default ignores it."""
 
     def parts(self) -> TargetParts:
         """The network's building blocks (see :class:`TargetParts`); targets that cannot expose them say so."""
@@ -256,6 +218,5 @@ class Target(Plugin, ABC):
                                   f"built from the target's architecture (mtp) cannot use it")
 
     def native_generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor | None:
-        """Greedy generation by the model library's own loop (``transformers``' ``generate``), ``[B, N + M]``;
-        benchmarks compare the engine's autoregressive loop against it. ``None`` where there is none."""
+        """``[B, N + M]`` greedy generation by the library's own loop (benchmark reference), or ``None``."""
         return None

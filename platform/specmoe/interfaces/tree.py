@@ -1,10 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Batched draft trees.
-
-Node 0 of every row is the root: the bonus token of the previous step, already committed, which the
-target still has to process. Nodes are stored so that a parent always precedes its children (index order
-is a topological order), which every consumer relies on.
-"""
+"""Batched draft trees. Node 0 of every row is the root (the committed bonus token the target has not yet
+processed); a parent always precedes its children (index order is topological), which consumers rely on."""
 
 from __future__ import annotations
 
@@ -28,20 +24,12 @@ class DraftTree:
         logp: ``[B, N]`` float32 draft log-probability of the node's token given its parent (0 at root).
         path_logp: ``[B, N]`` float32 cumulative log-probability of the root-to-node path (0 at root).
         valid: ``[B, N]`` bool; False marks padding nodes (never selected, never verified).
-        features: ``[B, N, F]`` the drafter's own summary of each node, ``None`` when the drafter computes
-            none (:attr:`~specmoe.interfaces.drafter.Drafter.feature_size` is 0). ``features[b, i]`` is the
-            drafter state that *proposed* node ``i``: the output of the draft step that consumed its parent
-            (for the root, the step that consumed the committed token before it). It exists for every node
-            of the pool without another draft pass (the deepest nodes are never fed back through the
-            drafter, so a state that consumed the node itself does not exist for them); with the node's
-            token it determines what the drafter knows about the node (the ``draft_head`` predictor's input).
-        anc: ``[B, N, N]`` bool ancestor-or-self matrix of ``parents`` (see :meth:`ancestors`), built once where the
-            tree is built (the pool builder has it anyway) and carried along by :meth:`subset`; ``None``: computed
-            on first use and kept. It describes ``parents``: whoever changes ``parents`` sets it to ``None``.
-        value: ``[B, N]`` float32 calibrated value of each node: the predicted probability that its whole
-            root-to-node path is accepted (1 at the root, never above the parent's), set by the engine for a
-            selector that ranks by it (:attr:`~specmoe.interfaces.selector.Selector.node_values`); ``None``:
-            rank by :attr:`path_prob` (see :attr:`rank_value`). Carried along by :meth:`subset`.
+        features: ``[B, N, F]`` drafter state that *proposed* each node (the output of the step that consumed
+            its parent; for the root, the committed token before it), ``None`` when ``feature_size`` is 0.
+        anc: ``[B, N, N]`` bool ancestor-or-self matrix of ``parents`` (:meth:`ancestors`); ``None``: computed
+            on first use. Whoever changes ``parents`` must set it to ``None``.
+        value: ``[B, N]`` float32 calibrated probability that the root-to-node path is accepted (1 at the root,
+            never above the parent's), set for selectors with ``node_values``; ``None``: rank by :attr:`path_prob`.
     """
 
     tokens: torch.Tensor
@@ -117,11 +105,8 @@ class DraftTree:
         return out
 
     def subset(self, index: torch.Tensor, index_valid: torch.Tensor) -> "DraftTree":
-        """Row-wise gather of nodes ``index [B, M]`` (sorted ascending, root first) into a new tree.
-
-        Parent indices are remapped into the new numbering; ``index_valid [B, M]`` marks padding (a padding node
-        is a child of the root, as its remapped parent says). The ancestor matrix is gathered, not rebuilt.
-        """
+        """Row-wise gather of nodes ``index [B, M]`` (ascending, root first) into a new tree with remapped
+        parents; ``index_valid [B, M]`` False marks padding (made a child of the root)."""
         b, n = self.tokens.shape
         remap = torch.full((b, n), -1, dtype=torch.long, device=index.device)
         m = index.shape[1]
@@ -148,11 +133,7 @@ class DraftTree:
 
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """``[B, N]`` parents (``-1`` root) -> ``[B, N, N]`` bool ancestor-or-self.
-
-    Pointer jumping: after round ``r`` every node knows its ancestors up to ``2**r`` levels up, so
-    ``ceil(log2(N))`` rounds of two gathers suffice (a fixed number of tensor operations, no host sync).
-    """
+    """``[B, N]`` parents (``-1`` root) -> ``[B, N, N]`` bool ancestor-or-self (pointer jumping, no host sync)."""
     b, n = parents.shape
     dev = parents.device
     has = parents >= 0

@@ -1,16 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Verifier interface: how the target's MoE experts are computed during verification.
-
-A verifier plugs into ``transformers`` as an experts implementation (``ExpertsInterface``): the function
-receives the experts module, ``hidden [T, H]``, ``top_k_index [T, K]`` and ``top_k_weights [T, K]`` and
-returns ``[T, H]`` in the hidden dtype. Verification semantics (acceptance) never change.
-
-A verifier whose computation gives each token the result it gets alone, whatever the other tokens of the pass,
-may let the target compile its decoding passes (:meth:`Verifier.compiled_passes`; on CPUs,
-``specmoe_plugins.targets.hf.graph``): everything else of a pass is one compiled graph, and the experts are either this
-verifier's own call made inside it, or its *graph form* (:meth:`Verifier.graph_experts`), compiled with the
-rest.
-"""
+"""Verifier interface: how the target's MoE experts are computed during verification (a ``transformers`` experts
+implementation, :meth:`Verifier.experts_forward`); acceptance never changes."""
 
 from __future__ import annotations
 
@@ -36,8 +26,7 @@ class GraphExperts:
         forward: ``forward(weights, hidden [T, H], top_k_index [T, K] int64, top_k_weights [T, K]) -> [T, H]``
             in the hidden dtype: a pure function of tensors (no host reads, no data-dependent shapes, no side
             effects) that gives each token the result it gets alone, whatever ``T``.
-        weights: ``weights() -> tuple of tensors`` that ``forward`` reads, current (rebuilt when the module's own
-            weights change); called once per pass, outside the graph.
+        weights: ``weights()`` -> the current tensors ``forward`` reads; called once per pass, outside the graph.
     """
 
     forward: Callable[..., torch.Tensor]
@@ -66,22 +55,20 @@ class Verifier(Plugin, ABC):
 
     def experts_forward(self, module: torch.nn.Module, hidden: torch.Tensor, top_k_index: torch.Tensor,
                         top_k_weights: torch.Tensor) -> torch.Tensor:
-        """``hidden [T, H]``, ``top_k_index [T, K]`` int64, ``top_k_weights [T, K]`` -> ``[T, H]``."""
+        """``hidden [T, H]``, ``top_k_index [T, K]`` int64, ``top_k_weights [T, K]`` -> ``[T, H]`` (hidden dtype)."""
         raise TypeError(f"{type(self).__name__} uses a built-in implementation and has no experts_forward")
 
     def compiled_passes(self) -> bool:
-        """Whether the target may compile its decoding passes with this verifier (default: no, every pass runs
-        eagerly)."""
+        """Whether the target may compile its decoding passes with this verifier (default: no); only for a
+        computation that gives each token the result it gets alone."""
         return False
 
     def graph_experts(self, module: torch.nn.Module) -> GraphExperts | None:
-        """The graph form of this verifier's computation for the experts module ``module``; ``None`` (the
-        default): a compiled pass calls the module as it is, an opaque step inside the graph."""
+        """The graph form of this computation for ``module``; ``None`` (default): compiled passes call it opaquely."""
         return None
 
     def install(self, target: Target) -> None:
-        """Switch every MoE layer of ``target`` (a :class:`~specmoe.interfaces.target.Target`) to this
-        verifier's implementation, with compiled decoding passes where :meth:`compiled_passes` says so."""
+        """Switch every MoE layer of ``target`` to this implementation (compiled passes per :meth:`compiled_passes`)."""
         if type(self).experts_forward is not Verifier.experts_forward:
             self.register()
         target.set_experts_implementation(self.implementation_name())

@@ -3,24 +3,18 @@
 
 The compiled decoding pass (``specmoe_plugins.targets.hf.graph``) must give a row the same result whatever the number of
 rows beside it: a verification pass must round as the autoregressive step does, or speculation is not lossless.
-Its generated loops reduce every output element of every row on its own, so each weight is loaded and converted
-once per row and each output ends in a horizontal sum; a 6-token verification pass of the demo target cost ~2.3x a
-one-token step where its weight reads are ~1.5x. These kernels take **input-major** weights (``w [K, N]``: a row
-of outputs per input element) and compute each output as a plain running sum over the inputs in order, in vector
-lanes over the outputs, so an output's operations are the same whichever block, vector width or row count
-computes it, and each weight row is loaded (in bf16: converted) once for a block of up to four rows. A row whose
-input equals the previous row's bit for bit (the autoregressive step runs as two identical rows) takes that row's
-result instead of computing it again.
+These kernels take **input-major** weights (``w [K, N]``) and compute each output as a plain running sum over the
+inputs in order, in vector lanes over the outputs, so an output's operations are the same whichever block, vector
+width or row count computes it; each weight row is loaded (in bf16: converted) once for a block of up to four rows.
+A row whose input equals the previous row's bit for bit takes that row's result instead of computing it again.
 
-* :func:`row_experts` (``specmoe::row_experts``): each (token, expert) slot's expert MLP, slots sorted by expert,
-  the union's weights read once per pass (:func:`specmoe_plugins.verifiers.union.reference.graph_experts`);
+* :func:`row_experts` (``specmoe::row_experts``): each (token, expert) slot's expert MLP, slots sorted by expert;
 * :func:`row_linear` (``specmoe::row_linear``): a dense product (the attention's projections, the LM head).
 
-Built through inductor's code cache (:class:`torch._inductor.codecache.CppCodeCache`: the compiler and flags of
-inductor's own CPU kernels, ``-ffp-contract=off`` among them, so every multiply and add rounds on its own; its
-on-disk cache) at the first :func:`available` call in a process. Where it cannot be built (no C++ compiler), or
-with ``SPECMOE_ROW_KERNELS=0``, :func:`available` is false and the compiled pass keeps its generated loops.
-Measured: README, "The compiled decoding pass".
+Built through inductor's :class:`torch._inductor.codecache.CppCodeCache` (inductor's compiler and flags,
+``-ffp-contract=off`` among them, so every multiply and add rounds on its own) at the first :func:`available` call
+in a process. Where it cannot be built, or with ``SPECMOE_ROW_KERNELS=0``, :func:`available` is false and the
+compiled pass keeps its generated loops.
 """
 
 from __future__ import annotations
@@ -41,7 +35,7 @@ logger = logging.getLogger(__name__)
 DTYPES = (torch.float32, torch.bfloat16)
 
 _SOURCE = Path(__file__).with_name("row_kernels.cpp")
-#: the loaded functions ({"experts": ..., "linear": ...}), empty where not built; filled at the first available()
+#: the loaded functions, empty where not built
 _FN: dict = {}
 _TRIED: list = []
 
@@ -61,8 +55,7 @@ def _load() -> dict:
 
 
 def available() -> bool:
-    """Whether the kernels are built and loaded in this process (built at the first call;
-    ``SPECMOE_ROW_KERNELS=0`` keeps the compiled pass's generated loops)."""
+    """Whether the kernels are built and loaded in this process (built at the first call)."""
     if os.environ.get("SPECMOE_ROW_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
     if not _TRIED:
@@ -98,12 +91,12 @@ def _scratch(name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
 def row_experts(x: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor, gate_up_bias: torch.Tensor | None,
                 down: torch.Tensor, down_bias: torch.Tensor | None, intermediate: int, interleaved: bool,
                 swiglu_oai: bool, alpha: float, limit: float) -> torch.Tensor:
-    """Each slot's expert MLP (``specmoe::row_experts``): ``x [S, H]`` float32 (the slot's token in the weights'
-    precision), ``experts [S]`` int64 ascending, input-major weights ``gate_up [E, H, 2I]`` (``interleaved``:
-    gate and up outputs alternate, GPT-OSS's layout; else gate outputs first), ``gate_up_bias [E, 2I]`` or
-    ``None``, ``down [E, I, H]``, ``down_bias [E, H]`` or ``None`` (float32 or bfloat16, contiguous) -> float32
-    ``[S, H]``, each projection rounded to the weights' dtype as the model's own loop rounds it. ``swiglu_oai``:
-    GPT-OSS's clamped gate (``alpha``, ``limit``); else SiLU(gate) * up. Only after :func:`available`."""
+    """Each slot's expert MLP (only after :func:`available`): ``x [S, H]`` float32 (in the weights' precision),
+    ``experts [S]`` int64 ascending, input-major weights ``gate_up [E, H, 2I]`` (``interleaved``: gate and up
+    outputs alternate, else gate first), ``gate_up_bias [E, 2I]``, ``down [E, I, H]``, ``down_bias [E, H]``
+    (biases optional; float32 or bfloat16, contiguous) -> float32 ``[S, H]``, each projection rounded to the
+    weights' dtype as the model's own loop rounds it. ``swiglu_oai``: GPT-OSS's clamped gate (``alpha``,
+    ``limit``); else SiLU(gate) * up."""
     s, h = x.shape
     x, experts = x.contiguous(), experts.contiguous()
     y = torch.empty(s, h, dtype=torch.float32)
@@ -118,8 +111,7 @@ def row_experts(x: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor, g
 
 def row_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``x [M, K]`` float32 (in the weights' precision) times the input-major ``weight_t [K, N]`` (+ ``bias
-    [N]``; float32 or bfloat16, contiguous) -> float32 ``[M, N]``, unrounded (``specmoe::row_linear``). Only after
-    :func:`available`."""
+    [N]``; float32 or bfloat16, contiguous) -> float32 ``[M, N]``, unrounded. Only after :func:`available`."""
     m, k = x.shape
     n = weight_t.shape[1]
     x = x.contiguous()
@@ -129,9 +121,8 @@ def row_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | Non
     return y
 
 
-# Registered as plain operators (a CPU and a Meta kernel), not through ``torch.library.custom_op``: inside a compiled
-# pass a call costs ~16-25 us this way against ~60 us (its autograd and schema wrappers), with 13 calls per pass of
-# the demo target (2-core Zen 3)
+# Plain operators (a CPU and a Meta kernel), not ``torch.library.custom_op``: its autograd and schema wrappers cost
+# more per call inside a compiled pass
 _LIBRARY = torch.library.Library("specmoe", "FRAGMENT")
 _LIBRARY.define("row_experts(Tensor x, Tensor experts, Tensor gate_up, Tensor? gate_up_bias, Tensor down, "
                 "Tensor? down_bias, int intermediate, bool interleaved, bool swiglu_oai, float alpha, "

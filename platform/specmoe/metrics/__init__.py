@@ -1,8 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The metrics registry: every evaluation metric declared once (name, label, unit, how it is computed from
-step records, whether it applies to AR, how it aggregates), used by the evaluation summary, MLflow logging,
-``platform compare`` and the plots. Adding a metric is one :func:`register` call in
-:mod:`specmoe.metrics.builtin` (or in a plugin module)."""
+"""The metrics registry: every evaluation metric declared once (name, label, unit, computation, aggregation) for
+the summary, MLflow, ``platform compare`` and plots; adding one is a :func:`register` call (see ``builtin``)."""
 
 from specmoe.metrics import builtin as _builtin  # noqa: F401 - registers the built-in metrics (before any other)
 from specmoe.metrics.registry import (

@@ -1,12 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The built-in metrics (Spec-Bench definitions; EcoSpec's E, bytes and latency breakdown).
-
-On E: the verification pass runs every token of the ``[batch, width]`` block through the experts, the
-selected tree nodes and also the padding of rows that selected fewer nodes and the rows that already
-finished. ``E`` counts the experts of the *verified* tokens (what the selector controls; the paper's E,
-identical to ``E_pass`` at batch size 1, where there is no padding); ``E_pass`` counts every token that went
-through the experts (the work the pass really did) and ``expert_bytes_per_step`` is computed from it.
-"""
+"""The built-in metrics (Spec-Bench definitions; EcoSpec's E, bytes and latency breakdown). ``E`` counts experts of
+the *verified* tokens (the paper's E); ``E_pass`` of every token of the ``[batch, width]`` verification pass,
+padding and finished rows included (= ``E`` at batch size 1); ``expert_bytes_per_step`` uses ``E_pass``."""
 
 from __future__ import annotations
 

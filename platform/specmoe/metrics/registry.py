@@ -1,20 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Metric declarations and the two functions that compute them for an evaluation cell.
+"""Metric declarations; :func:`summarize` computes a cell's own metrics from its :class:`CellData`, :func:`derive`
+those relative to the AR cell of the same evaluation group (same prompts, interleaved): speedup, ρ, equality.
 
-A cell's metrics come from its :class:`CellData`: the step records of every generation (one record per
-target verification pass; ``StepRecord.to_dict()`` form), the timing of each prompt batch, and the target's
-expert size. :func:`summarize` computes every metric that needs only the cell itself; :func:`derive` then
-computes the metrics relative to the autoregressive (AR) cell measured in the same evaluation group (the same
-prompts, interleaved in time): speedup, ρ and equality with AR.
-
-Aggregation words used in :attr:`Metric.aggregate`:
-
-* ``steps``: mean over every verification step of every prompt (a step of a batch counts once);
-* ``rows``: mean over (step, active row) pairs (rows that finished are not counted);
-* ``batches``: mean over prompt batches of a per-batch value (all turns of a batch summed);
-* ``total``: a sum over the cell;
-* ``prompts``: a fraction of prompts.
-Across datasets (``platform compare``'s Average column) every metric is the mean of the per-dataset values.
+:attr:`Metric.aggregate` words: ``steps`` (mean over verification steps; a step of a batch counts once), ``rows``
+(mean over (step, active row) pairs), ``batches`` (mean of per-batch values, all turns summed), ``total`` (sum over
+the cell), ``prompts`` (fraction of prompts). Across datasets every metric is the mean of per-dataset values.
 """
 
 from __future__ import annotations
@@ -41,15 +31,11 @@ class CellData:
     """What a cell's metrics are computed from.
 
     Attributes:
-        steps: step records as dicts (see :class:`~specmoe.decoding.records.StepRecord`), all prompts.
+        steps: step records as dicts (``StepRecord.to_dict()``, one per verification pass), all prompts.
         batches: per prompt batch timing (Spec-Bench: per-question tokens / seconds).
         outputs: generated token ids per sample (turns concatenated), in sample order.
-        temperature: the cell's sampling temperature.
-        bytes_per_expert: bytes of one routed expert's weights at the checkpoint's stored precision
-            (``Target.bytes_per_expert_stored``: MXFP4 / FP8 with their scales, or the stored dtype).
-        bytes_per_expert_loaded: the same in the loaded model (``Target.bytes_per_expert``; e.g. MXFP4
-            dequantized to bf16 on load); 0 when unknown.
-        num_moe_layers: MoE layers of the target.
+        bytes_per_expert: bytes of one routed expert's weights at the stored precision (with scales).
+        bytes_per_expert_loaded: the same as loaded (e.g. MXFP4 dequantized to bf16); 0 when unknown.
     """
 
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -68,12 +54,10 @@ class Metric:
     Attributes:
         name: key in results, MLflow and ``platform compare --metric``.
         label: short column label in tables.
-        unit: ``x`` (ratio to AR), ``tokens``, ``experts``, ``bytes``, ``s``, ``tokens/s``, ``fraction``,
-            ``count``: how values are formatted.
-        description: one line for help texts.
-        aggregate: how it aggregates over steps / prompts / batch (module docstring).
-        compute: ``CellData -> value`` from the cell alone (``None``: no data, e.g. no steps).
-        relative: ``(cell, ar) -> value`` from the cell and the AR cell of the same group.
+        unit: ``x`` (ratio to AR), ``tokens``, ``experts``, ``bytes``, ``s``, ``tokens/s``, ``fraction``, ``count``.
+        aggregate: how it aggregates (module docstring).
+        compute: ``CellData -> value`` from the cell alone (``None``: no data).
+        relative: ``(cell, ar, metrics, ar_metrics) -> value``, from the cell and the AR cell of its group.
         applies_to_ar: False when the AR baseline has no such quantity (shown as "-").
         ar_value: the value shown for AR when it is fixed by definition (speedup 1, α 1).
     """
@@ -115,8 +99,7 @@ METRICS: dict[str, Metric] = {}
 
 
 def register(metric: Metric) -> Metric:
-    """Add ``metric`` (its name must be new; the built-ins always come first: the package registers them when
-    it is imported, before any other module can reach this function)."""
+    """Add ``metric`` (new name, one of compute / relative); the package registers the built-ins first."""
     if metric.name in METRICS:
         raise ValueError(f"metric '{metric.name}' is registered twice")
     if (metric.compute is None) == (metric.relative is None):
@@ -141,8 +124,8 @@ def mean(values: Iterable[float]) -> Value:
 
 
 def summarize(data: CellData, autoregressive: bool = False) -> dict[str, float]:
-    """Every metric computable from the cell alone (those without data are left out). For the AR cell,
-    metrics that do not apply to it are left out, or set to their ``ar_value`` when it is fixed."""
+    """Every metric computable from the cell alone (those without data are left out); for the AR cell, those that
+    do not apply are left out, or set to their ``ar_value`` when it is fixed."""
     out: dict[str, float] = {}
     for m in METRICS.values():
         if m.compute is None:

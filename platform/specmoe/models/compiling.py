@@ -1,20 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Compiled inference functions on CPUs: the settings and helpers the compiled passes share (the target's
-decoding pass, ``specmoe_plugins.targets.hf.graph``; a drafter's step).
+decoding pass, a drafter's step).
 
-A compiled function here is ``torch.compile(fullgraph=True)`` of a pure function of tensors, with:
-
-* its own code object (:func:`compile_fn`): ``torch.compile`` keeps compiled variants, and their limit, per
-  code object, so each owner (a target, a draft model) compiles and guards its own;
-* the sizes that vary marked dynamic (:func:`dynamic`), every other size a constant of the variant;
-* inputs with the strides of new tensors (:func:`standard`), so a view's layout never starts a new variant;
-* the inductor settings of :data:`INDUCTOR`;
-* its weights read once per change of any model's structure (:func:`structure_generation`), not on every call;
-* products written as explicit reductions (:func:`project`) where their result must not depend on the row count.
-
-``SPECMOE_COMPILE=0`` switches every compiled function off (:func:`enabled`); where compiling fails (no C++
-compiler on the machine, an operation inductor does not support) the owner runs its eager code instead, said
-once in the log.
+A compiled function is ``torch.compile(fullgraph=True)`` of a pure function of tensors with its own code object
+(:func:`compile_fn`), varying sizes marked :func:`dynamic`, inputs with the strides of new tensors
+(:func:`standard`), and products written as explicit reductions (:func:`project`) where their result must not
+depend on the row count. ``SPECMOE_COMPILE=0`` switches every compiled function off (:func:`enabled`); where
+compiling fails the owner runs its eager code instead, said once in the log.
 """
 
 from __future__ import annotations
@@ -27,10 +19,8 @@ import torch
 
 __all__ = ["enabled", "compile_fn", "standard", "dynamic", "INDUCTOR", "failure", "structure_generation", "project"]
 
-#: inductor settings: no per-call size / alignment checks of the inputs and buffers (their layout is ours:
-#: :func:`standard`), which cost a third of a one-token pass of the demo target, and no bounds check of gathers
-#: in the innermost loops (the indices come from ``topk``, sorts and positions, in range by construction): with
-#: the check the experts' gathered products ran at a third of the memory bandwidth
+#: inductor settings: no per-call size / alignment checks of the inputs (their layout is ours: :func:`standard`)
+#: and no bounds check of gathers (the indices come from ``topk``, sorts and positions, in range by construction)
 INDUCTOR = {"size_asserts": False, "alignment_asserts": False, "assert_indirect_indexing": False}
 
 
@@ -40,7 +30,8 @@ def enabled() -> bool:
 
 
 def compile_fn(fn: Callable) -> Callable:
-    """``fn`` compiled (lazily, at its first call) as a whole graph, from a copy with its own code object."""
+    """``fn`` compiled (lazily, at its first call) as a whole graph, from a copy with its own code object
+    (``torch.compile`` keeps variants, and their limit, per code object)."""
     own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__,
                              fn.__closure__)
     return torch.compile(own, fullgraph=True, options=INDUCTOR)
@@ -57,10 +48,8 @@ def _changed(*_args) -> None:
 def structure_generation() -> int:
     """A count of the parameters, buffers and submodules assigned to any module since the first call (global
     registration hooks of ``torch.nn``, installed at that call): a list of a model's weight tensors read from
-    its modules stays valid while the count is unchanged (an in-place update keeps the tensor, and ``.data``
-    assignments keep the parameter object the list holds). Why: reading the ~60 weights of the demo target's
-    pass through ``nn.Module.__getattr__``, and the experts' graph weights, took ~0.25 ms of a 3.3 ms one-token
-    pass (bf16, 2-core Zen 4)."""
+    its modules stays valid while the count is unchanged (in-place updates and ``.data`` assignments keep the
+    objects the list holds)."""
     if not _WATCHING:
         from torch.nn.modules import module as nn_module
 
@@ -72,10 +61,8 @@ def structure_generation() -> int:
 
 
 def standard(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a new contiguous tensor of its shape, not a view: a view such as ``x[:, j:j + 1]`` is contiguous
-    but keeps other strides on its size-one dimensions, and a view's base is guarded on too (a compiled function
-    first called with ``m[None]`` recompiled at the first call with a tensor of its own: 0.3-1 s in a timed
-    step)."""
+    """``t`` as a new contiguous tensor of its shape, not a view (a view keeps other strides on its size-one
+    dimensions, and its base is guarded on too), so a view's layout never starts a new compiled variant."""
     expected, step = [], 1
     for size in reversed(t.shape):
         expected.append(step)
@@ -99,9 +86,8 @@ def failure(exc: BaseException) -> str:
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` in float32 as an explicit reduction onto a shaped output: ``x [..., in]``, ``weight [*out, in]``
-    (e.g. the heads of a projection, ``[heads, D, in]``) -> float32 ``[..., *out]``, without reshaping the result.
-    Compiled, each output element is one loop over ``in`` whatever the number of rows."""
+    """``F.linear`` in float32 as an explicit reduction: ``x [..., in]``, ``weight [*out, in]`` (e.g. ``[heads, D,
+    in]``) -> float32 ``[..., *out]``. Compiled, each output element is one loop over ``in`` whatever the row count."""
     xf = x.float()[(..., *([None] * (weight.dim() - 1)), slice(None))]
     y = (xf * weight.float()).sum(-1)
     return y if bias is None else y + bias.float()

@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Tree attention masks in the form each Hugging Face architecture expects, following the config's attention
-type of every layer."""
+"""Tree attention masks in the form each Hugging Face architecture expects, per layer attention type."""
 
 from __future__ import annotations
 
@@ -21,17 +20,12 @@ _KINDS = ("full_attention", "sliding_attention")
 
 
 class MaskSpec:
-    """Which masks a model takes, decided from its config the way its own modeling code decides:
+    """Which masks a model takes, decided from its ``transformers`` config as its own modeling code decides:
 
     * ``config.layer_types`` present (GPT-OSS, Qwen3, ...): each layer gets the mask of its own type (a window
-      only on ``sliding_attention`` layers). Several types: a ``{type: mask}`` mapping, which these models pick
-      from per layer; one type: that mask alone. A config whose layers are all ``full_attention`` gets no window
-      even when ``sliding_window`` is set.
+      only on ``sliding_attention`` layers); several types: a ``{type: mask}`` mapping, one type: that mask.
     * otherwise (Qwen3-MoE, DeepSeek-V3): one mask for every layer, windowed when ``sliding_window`` is set (and
       ``use_sliding_window`` is not false).
-
-    Args:
-        config: the model's ``transformers`` config.
     """
 
     def __init__(self, config: PretrainedConfig) -> None:
@@ -59,8 +53,7 @@ class MaskSpec:
         return "sliding" if self.kinds[0] == "sliding_attention" else "full"
 
     def layer_windows(self, layer_types: Sequence[str] | None, num_layers: int) -> list[int | None]:
-        """Per layer, the attention window of its mask (``None``: full attention), as :meth:`build`'s masks are
-        picked per layer."""
+        """Per layer, the attention window of its mask (``None``: full attention)."""
         if self.mode != "mapping":
             return [self.window] * num_layers
         return [self.window if kind == "sliding_attention" else None for kind in layer_types]

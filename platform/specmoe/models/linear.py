@@ -2,44 +2,19 @@
 """Linear layers over a few rows on CPUs: the faster BLAS orientation, and the bf16 kernel without per-call
 overhead.
 
-Decoding multiplies a handful of rows (the verified tokens, a drafter's frontier) by each weight matrix, so a
-linear layer is a weight read. ``F.linear(x, W)`` (``x @ W.T``) on the CPU BLAS of the demo machine (MKL)
-streams ``W`` at ~10 GB/s for 2-8 rows, while ``(W @ x.T).T`` streams it at 16-23 GB/s (one core, float32,
-measured over weights larger than the caches; the same for 1 row and slower from 16 rows on). Both compute
-the same sums; the rounding of the two kernels may differ in the last bits, and every pass of a model (the
-speculative verification, the autoregressive reference, ``generate``) goes through the same installed layer.
+Decoding multiplies a handful of rows by each weight matrix, so a linear layer is a weight read. Every pass of a
+model (verification, the autoregressive reference, ``generate``) goes through the same installed layer. Routes
+(CPU inputs without autograd only; ``F.linear`` otherwise: GPUs, large passes, training):
 
-Reduced precision (bfloat16 / float16) on CPUs: ``F.linear`` goes to oneDNN, which costs ~12-15 µs per call
-whatever the size (a 32 x 256 bf16 router: 15 µs against 3.4 µs in float32; measured on the demo machine, one
-thread). For one row, torch's own BLAS has a matrix-vector kernel that reads the bf16 weight directly with fp32
-accumulation: 2.5-4x faster on the demo's small layers (3.8 µs for that router, 10 µs for a 256 x 256 layer
-against 16 µs) and faster on large ones (the 4096 x 256 LM head: 121 µs against 153 µs). From two rows on that
-BLAS has no fast kernel (up to 3x slower than oneDNN), so only single-row products take it
-(:func:`single_row_reduced`: oneDNN is switched off for the one call).
-
-Most of oneDNN's per-call cost is re-laying out the weight: with the weight packed once into oneDNN's own
-layout (``torch.ops.mkldnn._reorder_linear_weight``, what torch's CPU compiler uses for frozen bf16 models) the
-same kernel runs 1.3-2.2x faster for 1-8 rows (256 x 256: 13 µs against 18-19 µs; the 4096 x 256 LM head:
-62-70 µs against 137-155 µs), on the demo machine with bitwise the same result as ``F.linear`` for any row
-count. So the
-``nn.Linear`` layers of a bf16 model take the packed weight for every row count (the same kernel for a
-verification pass and an autoregressive step), packed on first use and again whenever the weight changes (its
-storage or version counter: an optimizer step, ``load_state_dict``); the functional :func:`linear` (weights
-that are not ``nn.Linear`` layers) takes the single-row kernel above. The packed copy doubles the memory of
-the dense layers (not the experts).
-
-Float32 weights read from memory (not from cache), as in a decoding step of a model larger than the caches:
-the packed oneDNN kernel streams them fastest for 1-8 rows (one thread, AMD EPYC Zen 5, layers cycled through
-96 MB: the 4096 x 256 LM head 145-150 us for 1-4 rows against 332 / 177 / 204 us for ``F.linear`` and the route
-above, a 2048 x 256 layer 77-83 against 96-171 us, 512 x 512 47 against 53-73 us; ``x @ W.T`` over a
-transposed copy lies between), and with the batch-size hint :data:`PACK_ROWS` each row's result is the same for
-any row count (:func:`packed_row_invariant` checks that on the machine before a weight is packed). End to end on
-the demo (6 GSM8K prompts, paired per prompt): ``ar`` ~5 % and the EAGLE-3 chain ~7 % faster. Layers of at most
-:data:`FP32_PACK_MIN` weights (in cache when hot: the packed kernel's call costs more there) keep the routes above.
-
-:func:`install` switches the ``nn.Linear`` layers of a module to these routes, taken only for CPU inputs
-without autograd (float32: packed above :data:`FP32_PACK_MIN` weights, else 2-8 rows by ``(W @ x.T).T``;
-bf16: packed; fp16: 1 row), and ``F.linear`` otherwise (GPUs, large passes, training).
+* float32, 2-8 rows: ``(W @ x.T).T``, which streams ``W`` faster than ``x @ W.T`` on the CPU BLAS; same sums,
+  the rounding may differ in the last bits;
+* bf16 / fp16, one row: torch's own matrix-vector kernel with fp32 accumulation, oneDNN off for the call
+  (:func:`single_row_reduced`; it has no fast kernel from two rows on);
+* ``nn.Linear`` layers (:func:`install`): bf16, and float32 above :data:`FP32_PACK_MIN` weights, take oneDNN's
+  kernel over the weight packed once into its layout (``torch.ops.mkldnn._reorder_linear_weight``; re-packed
+  whenever the weight's storage or version counter changes). With the batch-size hint :data:`PACK_ROWS` each
+  row's result is the same for any row count (:func:`packed_row_invariant` checks that before a weight is
+  packed). The packed copy doubles the memory of the dense layers.
 """
 
 from __future__ import annotations
@@ -59,10 +34,8 @@ _SHARED = [0]
 
 @contextlib.contextmanager
 def shared_pass():
-    """A pass that every method runs alike (a prompt pass into an empty cache: the same for the autoregressive
-    reference and every speculative method), whose rows need not round as they would alone: inside it, kernels
-    that otherwise take one row per call for that reason may take a row block at once
-    (:func:`specmoe_plugins.verifiers.union.reference` reduced-precision experts)."""
+    """A pass that every method runs alike (a prompt pass into an empty cache), whose rows need not round as they
+    would alone: inside it, kernels that otherwise take one row per call may take a row block at once."""
     _SHARED[0] += 1
     try:
         yield
@@ -75,7 +48,7 @@ def in_shared_pass() -> bool:
     return _SHARED[0] > 0
 
 
-#: row counts that take the ``(W @ x.T).T`` route (measured faster on the CPU BLAS; see the module docstring)
+#: row counts that take the ``(W @ x.T).T`` route
 ROWS = (2, 8)
 
 
@@ -84,8 +57,7 @@ _REDUCED = (torch.bfloat16, torch.float16)
 
 
 def single_row_reduced(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` of one bf16 / fp16 row on a CPU with oneDNN off for the call (torch's matrix-vector
-    kernel, fp32 accumulation; see the module docstring). Same result as ``F.linear`` up to rounding."""
+    """``F.linear`` of one bf16 / fp16 CPU row, oneDNN off for the call; same as ``F.linear`` up to rounding."""
     if not torch.backends.mkldnn.enabled:
         return torch.nn.functional.linear(x, weight, bias)
     torch.backends.mkldnn.enabled = False
@@ -126,18 +98,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 @functools.lru_cache(maxsize=1)
 def onednn_bf16() -> bool:
-    """Whether oneDNN runs bf16 matmuls on this CPU (AVX-512 or AMX; not on an AVX2-only CPU, where its bf16
-    linear refuses to run): only then are weights packed for it."""
+    """Whether oneDNN runs bf16 matmuls on this CPU (AVX-512 or AMX): only then are weights packed for it."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (RuntimeError, AttributeError):
         return False
 
 
-#: the row count oneDNN lays packed weights out for (from 4 on, every row count takes the same kernel; measured)
+#: the row count oneDNN lays packed weights out for (from 4 on, every row count takes the same kernel)
 PACK_ROWS = 4
 
-#: float32 layers of more than this many weights take oneDNN's packed kernel on CPUs (see the module docstring)
+#: float32 layers of more than this many weights take oneDNN's packed kernel on CPUs
 FP32_PACK_MIN = 1 << 16
 
 
@@ -150,8 +121,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 def packed_row_invariant(dtype: torch.dtype, n_out: int, n_in: int) -> bool:
     """Whether oneDNN's packed linear runs on this CPU for ``dtype`` (float32, or bf16 where oneDNN has bf16
     kernels) and an ``[n_out, n_in]`` weight, agrees with ``F.linear`` to rounding and gives every row the
-    result it gives that row alone, for 1 to 16 rows (a one-off trial on random values). Only then is a weight
-    packed where the speculative verification and the autoregressive step must round alike."""
+    result it gives that row alone, for 1 to 16 rows (a one-off trial on random values)."""
     if dtype not in (torch.float32, torch.bfloat16) or (dtype == torch.bfloat16 and not onednn_bf16()):
         return False
     try:
@@ -176,8 +146,7 @@ def _packable(w: torch.Tensor) -> bool:
 
 
 def _packed(layer: torch.nn.Linear) -> torch.Tensor | None:
-    """``layer``'s weight in oneDNN's layout (packed on first use and whenever the weight changed), or
-    ``None`` where it is not packed (see :func:`_packable`)."""
+    """``layer``'s weight in oneDNN's layout (re-packed whenever it changed), or ``None`` where not packed."""
     w = layer.weight
     stamp = (w.data_ptr(), w._version, w.dtype)
     cached = layer.__dict__.get("_specmoe_packed")
@@ -230,21 +199,15 @@ class FusedLinear:
     rebuilt whenever one of them changes (storage or version counter).
 
     Float32: an ``nn.Linear`` routed by :func:`install` (a single layer is called as it is, no copy). Reduced
-    precision on a CPU: the product in float32 over a float32 copy of the weights (exact: they are bf16 / fp16
-    values) and the output cast back (``keep_float``: left in float32, for logits), i.e. bf16 weights with
-    float32 accumulation, which the CPU's bf16 kernels compute too; torch's float32 kernels take one to a few
-    rows 2-3x faster than oneDNN's or its own bf16 ones (AMD Zen 5, one row: 512 x 256 9 us against 18-22 us)
-    and give each row the same result whatever the number of rows. The copy reads twice the bytes, which decides
-    for large layers once they are not in cache (a 4096 x 256 LM head read cold: 324 us in float32 against 67 us
-    through oneDNN's packed bf16 kernel), so layers of more than :data:`FP32_COPY_MAX` weights keep their dtype and
-    take the packed kernel (:func:`install`).
+    precision on a CPU, up to :data:`FP32_COPY_MAX` weights: the product in float32 over a float32 copy of the
+    weights (exact) and the output cast back (``keep_float``: left in float32, for logits), i.e. float32
+    accumulation, faster than the bf16 kernels for a few rows and the same result for a row whatever the number of
+    rows. Larger layers keep their dtype and take the packed kernel (:func:`install`).
 
-    ``row_invariant=False`` (a drafter: its rounding never decides what is committed, verification does): on a
-    CPU the product is ``x @ Wᵀ`` over an input-major float32 copy of the weights (``[in, out]`` contiguous;
-    reduced-precision layers up to :data:`FP32_COPY_MAX` weights), which streams a weight faster than the
-    row-invariant kernels for one to a few rows (AMD Zen 5, one thread, one row of a 512 x 512 layer after 48 MB
-    of other traffic: 52-67 us against 131-135 us packed, 87-99 us ``F.linear``), but whose rounding may depend
-    on the row count.
+    ``row_invariant=False`` (a drafter: verification decides what is committed): on a CPU the product is
+    ``x @ Wᵀ`` over an input-major float32 copy of the weights (``[in, out]`` contiguous; reduced-precision
+    layers up to :data:`FP32_COPY_MAX` weights), faster for a few rows, but its rounding may depend on the row
+    count.
     """
 
     def __init__(self, layers: "list[torch.nn.Linear]", keep_float: bool = False,
@@ -258,8 +221,7 @@ class FusedLinear:
         self._in_major: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def _current(self) -> torch.nn.Linear | None:
-        """The layer to run (``None``: the single model layer as it is), rebuilt when a weight, its dtype or its
-        device changed."""
+        """The layer to run (``None``: the single model layer as it is), rebuilt when a weight changed."""
         stamp = tuple((m.weight.data_ptr(), m.weight._version, m.weight.dtype, m.weight.device) for m in self.layers)
         if stamp == self._stamp:
             return self._lin

@@ -1,13 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Rotary position embeddings for inference passes: a model's own rotary module, its tables computed once.
 
-A ``transformers`` rotary module recomputes ``cos`` / ``sin`` of every position of every pass (a dozen framework
-operations, more than the rotation itself costs for the one to a few tokens of a decoding pass). Where its tables
-depend on the position alone (every type but ``dynamic`` and ``longrope``, whose frequencies follow the longest
-sequence seen), :class:`RopeTables` asks the module once for positions ``[0, P)`` (``P`` doubling as needed;
-asked again when its frequencies change) and each pass gathers its rows, so every pass reads the same values the
-module would give. :func:`rotate` applies them in the rotate-half convention (Llama, Qwen, GPT-OSS: the head's
-first and second halves are the two coordinates of each frequency).
+Where a rotary module's tables depend on the position alone (every type but ``dynamic`` and ``longrope``),
+:class:`RopeTables` asks it once for positions ``[0, P)`` (``P`` doubling as needed; asked again when its
+frequencies change) and each pass gathers its rows: the same values the module would give. :func:`rotate` applies
+them in the rotate-half convention (Llama, Qwen, GPT-OSS).
 """
 
 from __future__ import annotations
@@ -40,12 +37,7 @@ def static(rotary: torch.nn.Module) -> bool:
 
 class RopeTables:
     """``(cos, sin)`` of :func:`full_tables` for the positions of a pass, from ``rotary`` (a ``transformers``
-    rotary module called as ``rotary(x, position_ids)``).
-
-    Args:
-        rotary: the module.
-        head_dim: ``D`` of the rotated heads.
-    """
+    rotary module called as ``rotary(x, position_ids)``); ``head_dim``: ``D`` of the rotated heads."""
 
     def __init__(self, rotary: torch.nn.Module, head_dim: int) -> None:
         self.rotary = rotary
@@ -54,12 +46,10 @@ class RopeTables:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor,
                  bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x``: any tensor of the pass's dtype and device; ``positions [B, N]`` -> ``(cos, sin)``
-        ``[B, 1, N, D]``.
+        """``x``: any tensor of the pass's dtype and device; ``positions [B, N]`` -> ``(cos, sin)`` ``[B, 1, N, D]``.
 
-        ``bound``: a host-known bound on the positions (every position ``< bound``; a cache of ``S`` slots and
-        ``N`` new tokens: ``S + N``), so the table needs no read of ``positions``; without it the largest position
-        is read on CPUs (free there) and accelerators ask the module every pass (no host synchronisation)."""
+        ``bound``: a host-known bound on the positions (all ``< bound``), so ``positions`` need not be read; without
+        it CPUs read the largest position and accelerators ask the module every pass (no host synchronisation)."""
         if not static(self.rotary) or (bound is None and x.device.type != "cpu"):
             cos, sin = full_tables(*self.rotary(x, positions), self.half)
             return cos[:, None], sin[:, None]

@@ -1,9 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Tiny configurations of the three supported MoE architectures, built locally (no hub access).
-
-They are real ``transformers`` configs; models built from them go through ``save_pretrained`` and
-``from_pretrained`` exactly like a released checkpoint.
-"""
+"""Tiny configurations of the three supported MoE architectures, built locally (real ``transformers``
+configs, saved and loaded like a released checkpoint; no hub access)."""
 
 from __future__ import annotations
 
@@ -56,10 +53,8 @@ def tiny_config(arch: str, **overrides: Any):
 
 
 def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, **overrides: Any) -> Path:
-    """Build a randomly initialised tiny model and ``save_pretrained`` it into ``out_dir``.
-
-    Deterministic in (arch, seed, overrides); an existing complete directory is reused.
-    """
+    """Build a randomly initialised tiny model and ``save_pretrained`` it into ``out_dir`` (deterministic in
+    arch, seed, overrides; an existing complete directory is reused)."""
     import torch
     import transformers
 

@@ -1,13 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``platform compare`` with both engines: the rows ``platform bench peer`` logs (specmoe's engine and vLLM's,
-vLLM's fixed draft counts and the specmoe_vllm plugin, per batch x temperature cell) as one table per bench run,
-an ``engine`` column telling them apart, after the recipe's cell tables of the same experiment.
+"""``platform compare`` with both engines: after the recipe's cell tables, one table per ``platform bench peer`` run
+(specmoe's and vLLM's rows per batch x temperature cell, an ``engine`` column telling them apart).
 
-A bench peer run is a FINISHED MLflow run tagged ``specmoe.rows=engines`` (:data:`BENCH_TAG`; experiment
-``bench_peer`` unless the caller logged it elsewhere) with its rows in the artifact ``bench_peer.json`` (row name ->
-the row's values; the names are ``<engine>/<method>[/b<batch>_T<temperature>]``). By default the latest such run of
-the experiment; ``--run-id`` names one (a bench run's own id), ``--all-runs`` shows every one. ``--format csv``: the
-cell records, a blank line, then the engine records (each block with its header)."""
+A bench peer run is a FINISHED run tagged :data:`BENCH_TAG` with its rows in :data:`ARTIFACT` (row name
+``<engine>/<method>[/b<batch>_T<temperature>]`` -> values); default the latest, ``--run-id`` / ``--all-runs``
+pick. ``--format csv``: the cell records, a blank line, then the engine records (each with its header)."""
 
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ _COLUMNS = ["engine", "method", "batch", "T", "γ", "tok/s", "tok/s CPU", "tok/s
 
 
 def bench_runs(uri: str, experiment: str, run_id: str | None = None, all_runs: bool = False) -> list[Run]:
-    """The FINISHED bench peer runs of ``experiment`` (newest first): all, the one ``run_id``, or the latest;
-    none where the experiment has none (or does not exist)."""
+    """``experiment``'s FINISHED bench peer runs, newest first: all, the one ``run_id``, or the latest (or none)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
@@ -65,8 +61,7 @@ def _fmt(v: Any, spec: str, suffix: str = "") -> str:
 
 
 def engine_table(run: Run, rows: dict[str, dict[str, Any]]) -> rt.Table:
-    """One bench peer run's rows: engine, method, cell, speed, tokens per step, agreement, the plugin's ratio
-    to the cell's best fixed configuration and its budget check."""
+    """One bench peer run's table: a row per engine, method and cell (columns: ``_COLUMNS``)."""
     p = run.data.params
     title = (f"bench peer {run.info.run_name or ''} ({run.info.run_id[:8]}): both engines on the same prompts — "
              f"{p.get('dtype', '?')}, {p.get('prompts', '?')} prompts x {p.get('new_tokens', '?')} new tokens, "

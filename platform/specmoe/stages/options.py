@@ -1,11 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Building the plugins that a stage's options name, such as its ``target``.
+"""Building the plugins that a stage's component options (``component("target", name_default="hf")``) name.
 
-A stage declares such an option as a component field (``component("target", name_default="hf")`` of
-:mod:`specmoe.config.schema`), so ``platform validate`` checks it against the named plugin's own ``Config``.
-At run time the option holds a :class:`~specmoe.config.schema.Component`; a stage built in code may hold a
-plain mapping ``{name: <key>, <options>}`` instead, whose ``name`` defaults to the field's ``name_default``.
-"""
+Such an option holds a :class:`~specmoe.config.schema.Component`, or in a stage built in code a mapping
+``{name: <key>, <options>}`` whose ``name`` defaults to the field's ``name_default``."""
 
 from __future__ import annotations
 
@@ -48,11 +45,7 @@ def _where(config: Any, name: str) -> str:
 
 
 def build_option(config: Any, name: str, **overrides: Any) -> Any:
-    """Instantiate the plugin held by option ``name`` of a stage ``config`` (``overrides`` win over it).
-
-    Raises:
-        UserError: the option is unset or not a component.
-    """
+    """Build option ``name``'s plugin of stage ``config`` (``overrides`` win); UserError if unset or not a component."""
     f = _field(config, name)
     kind = f.metadata.get("kind", "")
     where = _where(config, name)
@@ -64,8 +57,7 @@ def build_option(config: Any, name: str, **overrides: Any) -> Any:
 
 
 def build_target(config: Any, name: str = "target", device: Optional[str] = None) -> Target:
-    """The :class:`~specmoe.interfaces.target.Target` of option ``name``; ``device`` (the stage's device)
-    applies when the target's options leave ``device`` unset and use no ``device_map``."""
+    """The :class:`Target` of option ``name``; ``device`` applies when its options set no ``device``/``device_map``."""
     f = _field(config, name)
     comp = as_component(getattr(config, name), "target", _where(config, name), f.metadata.get("name_default"))
     overrides = {}

@@ -1,19 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Run a recipe's stages in dependency order, each cached under a hash of what determines it.
+"""Run a recipe's stages in dependency order, each cached in ``<cache_dir>/stages/<name>-<key>/``.
 
-A stage's cache key hashes its registry name, its stage ``version``, its options (every ``"stage:<id>"``
-reference replaced by the referenced stage's own key) and the machine facts the stage declares with
-:meth:`~specmoe.interfaces.stage.Stage.key_facts` (e.g. the precision ``auto`` resolves to), so editing a
-stage recomputes it and everything downstream and nothing else. The output directory is
-``<cache_dir>/stages/<name>-<key>/`` (layout: :mod:`specmoe.stages.state`).
-
-* One process at a time computes a stage: the others wait on its lock (and then find it done).
-* A stage that raises is recorded as failed with its reason (``state.json``, traceback in ``error.log``);
-  a stage that raises :class:`~specmoe.errors.StageIncomplete` as incomplete. Neither is marked done.
-* A rerun resumes a killed or incomplete stage from its partial work; after a failure it resumes only when
-  the stage's newest valid checkpoint still has budget left (or the stage keeps no checkpoints), and
-  otherwise restarts it cleanly in an emptied directory.
-"""
+The key hashes the stage's name, ``version``, options (``"stage:<id>"`` refs replaced by that stage's key) and
+:meth:`~specmoe.interfaces.stage.Stage.key_facts`, so an edit recomputes that stage and its dependents only.
+One process computes a stage (others wait on its lock). A raise is recorded as ``failed`` (traceback in
+``error.log``), :class:`~specmoe.errors.StageIncomplete` as ``incomplete``; neither is done. A rerun resumes killed
+or incomplete work, and failed work only while its newest valid checkpoint has budget left (or it keeps none)."""
 
 from __future__ import annotations
 
@@ -51,8 +43,7 @@ def split_ref(text: str) -> tuple[str, str]:
 
 
 def substitute_refs(node: Any, repl: Callable[[str], Any]) -> Any:
-    """Deep-copy ``node`` replacing every ``"stage:<id>[/<sub/path>]"`` string by ``repl(id)`` (joined with
-    the sub-path when ``repl`` returns a string)."""
+    """Deep copy of ``node`` with each ``"stage:<id>[/<sub>]"`` replaced by ``repl(id)`` (+ ``/<sub>`` if a str)."""
     if isinstance(node, str) and node.startswith(STAGE_PREFIX):
         sid, sub = split_ref(node)
         value = repl(sid)
@@ -72,8 +63,7 @@ def _refs(node: Any) -> set[str]:
     return found
 
 
-#: options that change how a stage runs or reports progress (guards, threads), not what it computes: left out
-#: of the cache key.
+#: options that change how a stage runs (progress, guards, threads), not what it computes: not in the cache key
 DISPLAY_ONLY_OPTIONS = frozenset({"enable_progress_bar", "max_time", "num_threads"})
 
 
@@ -89,8 +79,7 @@ def _key_view(node: Any) -> Any:
 
 
 def stage_key_blob(name: str, version: str, options: Any, facts: dict[str, Any]) -> dict[str, Any]:
-    """What a stage's cache key hashes (``facts`` only when the stage declares some, so stages without
-    facts keep their keys)."""
+    """What a stage's cache key hashes (``facts`` only if any, so stages without facts keep their keys)."""
     blob = {"name": name, "version": version, "options": _key_view(options)}
     if facts:
         blob["facts"] = _key_view(facts)
@@ -98,7 +87,6 @@ def stage_key_blob(name: str, version: str, options: Any, facts: dict[str, Any])
 
 
 def _torch_threads(n: int | None = None) -> int:
-    """torch's intra-op thread count; sets it to ``n`` first if given."""
     import torch
 
     if n is not None:
@@ -107,13 +95,7 @@ def _torch_threads(n: int | None = None) -> int:
 
 
 class StageRunner:
-    """Resolves, hashes and runs stages.
-
-    Args:
-        stages: the recipe's stage specs.
-        cache_dir: root of the stage cache.
-        source: recipe file (for error messages).
-    """
+    """Resolves, hashes and runs the recipe's ``stages`` under ``cache_dir`` (``source``: recipe file, for messages)."""
 
     def __init__(self, stages: list[StageSpec], cache_dir: str | Path, source: str = "") -> None:
         self.specs = {s.id: s for s in stages}
@@ -160,14 +142,8 @@ class StageRunner:
         return f"stage '{sid}' ({self.specs[sid].component.name})"
 
     def run(self, ctx: StageContext, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
-        """Run every stage (or ``only`` those and their dependencies) that is not cached yet.
-
-        Returns:
-            stage id -> summary (with ``cached: True`` for stages that were already done).
-
-        Raises:
-            StageFailed: a stage raised (recorded in its directory; the cause is chained).
-        """
+        """Run every stage (or ``only`` those and their dependencies) not cached yet; returns stage id -> summary
+        (``cached: True`` if already done). Raises :class:`StageFailed` (cause chained) when a stage raises."""
         needed = set(self.order) if only is None else self._closure(only)
         summaries: dict[str, dict[str, Any]] = {}
         info = dist_info()
@@ -193,8 +169,7 @@ class StageRunner:
         return cls(cls.Config(**self.resolve(self.specs[sid].component.options)))
 
     def _prepare(self, sid: str, stage: Stage, out: Path) -> str:
-        """Decide how this attempt starts (``fresh``, ``resuming`` or ``restarting``), emptying ``out`` for a
-        clean restart after a failure that left nothing to resume."""
+        """``fresh``, ``resuming`` or ``restarting`` (``out`` emptied: a failure left nothing to resume)."""
         prev = read_state(out) if out.is_dir() else {}
         if not out.is_dir() or not any(out.iterdir()):
             return "fresh"

@@ -1,11 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the stage cache knows about one stage directory: its state file, marker, lock, size and age.
-
-A stage directory ``<cache_dir>/stages/<name>-<key>/`` holds ``state.json`` (``running``, ``failed``,
-``incomplete`` or ``done``, with the reason of a failure and who ran it), ``error.log`` (the traceback of
-the last failure), ``summary.json`` and the ``.done`` marker (written last). Its lock is the file
-``<name>-<key>.lock`` beside it, held while a process computes the stage.
-"""
+"""What the stage cache knows of a stage directory ``<cache_dir>/stages/<name>-<key>/``: ``state.json`` (state,
+failure reason, who ran it), ``error.log`` (last traceback), ``summary.json``, ``.done`` (written last), size, age
+and the lock ``<name>-<key>.lock`` beside it, held while a process computes the stage."""
 
 from __future__ import annotations
 
@@ -87,8 +83,7 @@ class StageEntry:
     name: str
     key: str
     state: str
-    """``done``, ``failed``, ``incomplete``, ``running`` (a process holds its lock), ``killed`` (it was
-    running when its process died) or ``partial`` (work without a state record)."""
+    """``done``/``failed``/``incomplete``, ``running`` (locked), ``killed`` (died running), ``partial`` (no record)."""
     reason: str
     size: int
     age_s: float

@@ -1,10 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Routing traces: per-token router decisions of a target on a dataset (format, evaluation).
+"""Routing traces: per-token router decisions of a target on a dataset (the on-disk format).
 
-Importing this package imports no torch-heavy module beyond the format's dataclasses; a predictor's evaluation on
-traces lives in :mod:`specmoe.training.trace_eval` (beside the routing metrics and the teacher forward it uses, so
-that ``training`` reads ``traces`` and not the other way round), collection in the ``collect_traces`` stage's
-folder.
+Evaluation on traces lives in :mod:`specmoe.training.trace_eval`, collection in the ``collect_traces`` stage.
 """
 
 from specmoe.traces.format import (

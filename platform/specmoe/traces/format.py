@@ -13,15 +13,11 @@ Layout of a trace directory::
                                 presence marks the shard finished
     test-00000.safetensors ...
 
-Why safetensors (not parquet): every column is a fixed-shape numeric array (``routing`` is ``[T, L, K]``),
-which safetensors stores as-is, memory-mapped and sliceable without reading the rest of the file
-(``safe_open(...).get_slice``), with no extra dependency (it is how checkpoints are stored already);
-parquet would need ``pyarrow`` and nested list columns for ``[L, K]``. A sample is contiguous in one shard,
-so random access to a training window is one slice per column.
+Why not parquet: every column is a fixed-shape numeric array, which safetensors stores memory-mapped and
+sliceable, with no ``pyarrow`` dependency. A sample is contiguous in one shard (a window is one slice per column).
 
-Crash safety: shard files and sidecars are written to a temporary name and renamed; a shard counts as
-finished only once its sidecar exists, so a killed collection redoes at most the shard in flight and never
-stores a sample twice.
+Crash safety: files are written to a temporary name and renamed; a shard is finished only once its sidecar
+exists, so a killed collection redoes at most the shard in flight and never stores a sample twice.
 """
 
 from __future__ import annotations
@@ -48,17 +44,9 @@ COLUMNS = {"token_ids": torch.int32, "positions": torch.int32, "sample": torch.i
 
 @dataclass
 class TraceMeta:
-    """What every consumer needs to know about the traced target.
-
-    Attributes:
-        num_layers: MoE layers ``L``.
-        num_experts: routed experts per layer ``E``.
-        top_k: experts per token ``K``.
-        vocab_size: target vocabulary size.
-        hidden_size: target hidden size (width of its embedding).
-        target: the target's options / resolved path (for loading its embedding later).
-        extra: collection options and anything else (informational).
-    """
+    """The traced target: ``num_layers`` MoE layers ``L``, ``num_experts`` routed experts per layer ``E``,
+    ``top_k`` experts per token ``K``, vocabulary and hidden size; ``target``: its options / resolved path (to load
+    its embedding later); ``extra``: collection options (informational)."""
 
     num_layers: int
     num_experts: int
@@ -83,14 +71,8 @@ class SampleRecord:
 
 @dataclass
 class SampleTrace:
-    """One traced sample in memory.
-
-    Attributes:
-        id: sample id (unique in the trace directory).
-        tokens: ``[T]`` int64 prompt + generated token ids.
-        routing: ``[T, L, K]`` int64 experts chosen by the router at every MoE layer.
-        prompt_length: the first ``prompt_length`` tokens are prompt, the rest target-generated.
-    """
+    """One traced sample in memory: ``tokens [T]`` int64 prompt + generated ids (the first ``prompt_length``
+    are prompt), ``routing [T, L, K]`` int64 router experts per MoE layer; ``id`` unique in the directory."""
 
     id: str
     tokens: torch.Tensor
@@ -110,14 +92,8 @@ class ShardInfo:
 
 
 class TraceWriter:
-    """Writes shards of one trace directory.
-
-    Args:
-        root: the trace directory (created).
-        meta: the target description.
-        fingerprint: identifies the collection plan; reopening a directory written under another plan
-            is refused (it would mix incompatible data).
-    """
+    """Writes shards of the trace directory ``root`` (created); ``fingerprint`` identifies the collection plan:
+    reopening a directory of another plan is refused."""
 
     def __init__(self, root: str | Path, meta: TraceMeta, fingerprint: str) -> None:
         self.root = Path(root)
@@ -179,11 +155,8 @@ class TraceWriter:
 
 
 class TraceReader:
-    """Reads a complete trace directory lazily (memory-mapped shards, one sample or window at a time).
-
-    Args:
-        root: directory written by :class:`TraceWriter` (with ``index.json``).
-    """
+    """Reads a complete trace directory (with ``index.json``) lazily: memory-mapped shards, one sample or window
+    at a time."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)

@@ -1,14 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Experiment tracking (MLflow), the paper-table comparison and the analysis plots.
-
-* :mod:`~specmoe.tracking.schema`: run kinds, cell tags, error records, flattened params;
-* :mod:`~specmoe.tracking.client`: the MLflow client wrapper (:class:`Tracker`, runs, resume);
-* :mod:`~specmoe.tracking.uri`: default store, URI precedence and the reachability check;
-* :mod:`~specmoe.tracking.environment`: versions, code version, hardware and plugin provenance;
-* :mod:`~specmoe.tracking.compare` and :mod:`~specmoe.tracking.plots`: tables and figures.
-
-Importing this package is cheap: mlflow and matplotlib load when a tracker is built / a figure is drawn.
-"""
+"""Experiment tracking (MLflow): run schema and tags, the :class:`Tracker` client, tracking URIs, provenance.
+Importing it is cheap: mlflow and matplotlib load when a tracker is built / a figure is logged."""
 
 from specmoe.tracking.client import FoundRun, NullRun, NullTracker, RunHandle, Tracker
 from specmoe.tracking.environment import code_version, env_params, plugin_params

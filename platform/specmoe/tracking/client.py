@@ -1,19 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """MLflow experiment tracking: one parent run per recipe run, one nested run per evaluation cell.
 
-The tracker talks to MLflow only through :class:`mlflow.MlflowClient` (never the fluent global
-"active run" state), so several trackers, threads or processes can log side by side and any URI works:
-the default embedded sqlite store in the working directory, a tracking server (Postgres behind it),
-or Databricks.
-
-Example::
-
-    tracker = Tracker.from_config(cfg.tracking, default_experiment=cfg.name, workdir=Path.cwd())
-    with tracker.run("recipe", params=to_plain(cfg), tags={"specmoe.kind": PARENT_KIND}) as parent:
-        tags = cell_tags("ecospec", "gsm8k", 0.0, 4, 1, parent=parent.run_id)
-        if tracker.find_run(tags) is None:
-            with tracker.run(cell_run_name(tags), tags=tags, parent_run_id=parent.run_id) as cell:
-                cell.log_metrics({"speedup": 1.3, "alpha": 2.5, "E": 21.0})
+Only :class:`mlflow.MlflowClient` is used (never the fluent global "active run"), so several trackers, threads or
+processes can log side by side, to any URI (sqlite, a tracking server, Databricks).
 """
 
 from __future__ import annotations
@@ -117,11 +106,8 @@ class RunHandle:
         self._client.log_text(self.run_id, text, path)
 
     def log_table(self, rows: list[Mapping[str, Any]], path: str) -> None:
-        """Log rows as a ``.json`` (list of records) or CSV artifact (any other extension).
-
-        CSV columns are the union of the rows' keys in order of first appearance; list / dict values are
-        written as JSON.
-        """
+        """Log rows as a ``.json`` list of records, or as CSV (any other extension; columns in order of first
+        appearance, list / dict values as JSON)."""
         if path.endswith(".json"):
             self._client.log_text(self.run_id, json.dumps(list(rows), default=str), path)
             return
@@ -181,13 +167,8 @@ class NullTracker:
 
 
 class Tracker:
-    """MLflow tracking for one experiment.
-
-    Args:
-        uri: tracking URI (``sqlite:///...``, ``http://host:5000``, ``databricks``, ...).
-        experiment: experiment name; created if missing (with ``artifact_location``), restored if deleted.
-        artifact_location: artifact root for a newly created experiment (``None``: the server's default).
-    """
+    """MLflow tracking for one experiment (created if missing, restored if deleted) at ``uri``;
+    ``artifact_location``: artifact root of a newly created experiment (``None``: the server's default)."""
 
     enabled = True
 
@@ -229,12 +210,8 @@ class Tracker:
     @classmethod
     def from_config(cls, tracking_cfg: TrackingConfig | None, default_experiment: str,
                     workdir: Path) -> "Tracker | NullTracker":
-        """Build from a :class:`~specmoe.config.schema.TrackingConfig` (``None``: defaults).
-
-        URI precedence: ``tracking.uri`` > ``$MLFLOW_TRACKING_URI`` > ``sqlite:///<workdir>/mlflow.db``;
-        with a sqlite store the artifacts go to ``<dir of the db>/mlartifacts`` unless
-        ``tracking.artifact_location`` says otherwise.
-        """
+        """Build from a ``TrackingConfig`` (``None``: defaults; URI precedence: :func:`resolve_uri`). A sqlite
+        store keeps artifacts in ``<dir of the db>/mlartifacts`` unless ``tracking.artifact_location`` is set."""
         if tracking_cfg is not None and not getattr(tracking_cfg, "enabled", True):
             return NullTracker()
         uri = resolve_uri(tracking_cfg, workdir)
@@ -246,12 +223,9 @@ class Tracker:
     @contextlib.contextmanager
     def run(self, name: str, params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
             parent_run_id: str | None = None, run_id: str | None = None) -> Iterator[RunHandle]:
-        """Open a run (new, nested under ``parent_run_id``, or the existing ``run_id`` reopened).
-
-        The run ends FINISHED when the block exits normally; on an exception it ends FAILED (KILLED for
-        Ctrl-C) with the error in the ``specmoe.error`` tag and the traceback in ``error.txt``, and the
-        exception is re-raised.
-        """
+        """Open a run (new, nested under ``parent_run_id``, or the existing ``run_id`` reopened). It ends FINISHED
+        on a normal exit; on an exception FAILED (KILLED for Ctrl-C) with the error in the ``specmoe.error`` tag
+        and the traceback in ``error.txt``, and the exception is re-raised."""
         all_tags = {str(k): str(v)[:MAX_TAG_VALUE] for k, v in (tags or {}).items()}
         if parent_run_id:
             all_tags.setdefault("mlflow.parentRunId", parent_run_id)

@@ -1,10 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The environment a run measured in: package versions, the code version (a hash of the sources
-that compute a result), git provenance, hardware, plugin sources.
-
-:func:`code_version` is part of every evaluation group's cache key, so timings of different code are never
-mixed; :func:`env_params` and :func:`plugin_params` are logged as MLflow params of every recipe run.
-"""
+"""The environment a run measured in: package versions, code version, git, hardware, plugin sources.
+:func:`code_version` is in every evaluation group's cache key, so timings of different code are never mixed."""
 
 from __future__ import annotations
 
@@ -24,15 +20,8 @@ PACKAGES = ("specmoe", "torch", "transformers", "lightning", "torchmetrics", "ml
 
 
 def env_params() -> dict[str, str]:
-    """Versions, code version and hardware, as flat ``env.*`` params.
-
-    * ``env.pkg.<dist>``: specmoe, torch, transformers, lightning, torchmetrics, mlflow, triton (when
-      installed); the plugins a recipe uses are recorded by :func:`plugin_params`;
-    * ``env.git.sha`` / ``env.git.dirty``: of the repository holding the specmoe sources, if any
-      (:func:`git_info`); ``env.code.source``: the hash of the specmoe sources (:func:`code_version`);
-    * ``env.hw.*``: CPU model and cores, GPU names and memory (only when torch is importable and CUDA is
-      available), python version.
-    """
+    """Flat ``env.*`` params: ``env.python``, ``env.pkg.<dist>`` (the installed :data:`PACKAGES`), ``env.git.sha`` /
+    ``env.git.dirty`` (:func:`git_info`), ``env.code.source`` (:func:`code_version`), ``env.hw.*``: :func:`hardware`."""
     import platform as std_platform
     from importlib import metadata
 
@@ -65,11 +54,7 @@ CODE_SUFFIXES = (".py", ".pyi", ".json", ".yaml", ".yml", ".toml", ".cfg", ".txt
 
 def source_hash(root: Path | str) -> str:
     """A hash of the code under ``root`` (a package directory, or one module file): every file with a
-    :data:`CODE_SUFFIXES` ending, by relative path and content; ``__pycache__`` and hidden folders are skipped.
-
-    It changes when a source file of the package changes, and only then: files elsewhere in a checkout
-    (recipes, notebooks, an MLflow store, a lock) are not part of it.
-    """
+    :data:`CODE_SUFFIXES` ending, by relative path and content; ``__pycache__`` and hidden folders are skipped."""
     import hashlib
 
     root = Path(root)
@@ -105,15 +90,8 @@ def _package_root(module_name: str) -> Path | None:
 
 
 def code_version(components: Iterable[Component | None] = ()) -> dict[str, Any]:
-    """The code that computes a result: ``{"specmoe": version, "source": hash, "plugins": {package: hash}}``.
-
-    ``source`` is :func:`source_hash` of the installed ``specmoe`` package; ``plugins`` holds the same hash of
-    the top-level package of every plugin the :class:`~specmoe.config.schema.Component` s in ``components``
-    name (``specmoe_plugins`` for the built-ins, a third party's package, or a recipe's ``imports:`` file). It
-    is part of every evaluation group's cache key: editing ``decoding/engine.py`` or a selector changes it;
-    adding a recipe, a notebook or an MLflow store to a checkout, or any other file outside those packages,
-    does not. Git facts (commit, dirty) are provenance only (:func:`git_info`, logged by :func:`env_params`).
-    """
+    """``{"specmoe": version, "source": hash, "plugins": {package: hash}}``: :func:`source_hash` of ``specmoe`` and
+    of the top-level package of every plugin ``components`` name; files outside those packages do not change it."""
     from importlib import metadata
 
     import specmoe
@@ -146,8 +124,7 @@ def _component_root(comp: Component) -> Path | None:
 
 
 def git_info() -> dict[str, Any]:
-    """``{"git_sha", "dirty"}`` of the repository holding the specmoe sources (empty for an installed wheel):
-    provenance logged with a run, never part of a cache key."""
+    """``{"git_sha", "dirty"}`` of the repository holding specmoe (empty for a wheel); never in a cache key."""
     import specmoe
 
     src = Path(specmoe.__file__).resolve().parent
@@ -159,8 +136,7 @@ def git_info() -> dict[str, Any]:
 
 
 def plugin_params(components: Iterable[Component | None]) -> dict[str, str]:
-    """``plugin.<kind>.<name>`` -> ``"<distribution> <version>"`` (or where it came from) for every
-    :class:`~specmoe.config.schema.Component` used by a recipe."""
+    """``plugin.<kind>.<name>`` -> ``"<distribution> <version>"`` (else ``"not from a distribution"``) per component."""
     from specmoe.registry import registry_for
 
     out: dict[str, str] = {}

@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Reading cell runs back from an MLflow store: which store, the finished cell runs of an experiment, and the
-JSON artifacts of a run. MLflow only: turning runs into results is the evaluation's
-(:mod:`specmoe.evaluation.report_tables`)."""
+"""Reading cell runs back from an MLflow store: which store, an experiment's finished cell runs, a run's JSON
+artifacts (turning runs into results: :mod:`specmoe.evaluation.report_tables`)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ resolve_uri: Callable[..., str] = functools.partial(_resolve_uri, existing=True)
 
 
 def search_cell_runs(uri: str, experiment: str, run_id: str | None = None) -> list[Run]:
-    """The FINISHED runs tagged ``specmoe.kind=cell`` of ``experiment`` (of parent ``run_id`` when given), as
-    MLflow ``Run`` objects in start-time order."""
+    """``experiment``'s FINISHED cell runs (of parent ``run_id`` if given), as MLflow ``Run`` s by start time."""
     from mlflow import MlflowClient
 
     from specmoe.tracking.uri import check_uri

@@ -1,10 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """What specmoe writes to MLflow: run kinds, cell tags, error records and flattened params.
-
-One parent run per recipe run (``specmoe.kind=recipe``), one nested run per evaluation cell
-(``specmoe.kind=cell``, tagged with its coordinates: :func:`cell_tags`). Cell metrics are the names of
-:mod:`specmoe.metrics`.
-"""
+One parent run per recipe run (``specmoe.kind=recipe``), one nested run per cell (``specmoe.kind=cell``)."""
 
 from __future__ import annotations
 
@@ -26,13 +22,12 @@ def _metric_names() -> tuple[str, ...]:
     return names()
 
 
-#: metric names of a nested cell run (the metrics registry, :mod:`specmoe.metrics`).
+#: metric names of a nested cell run.
 CELL_METRICS = _metric_names()
 #: tags identifying a nested cell run.
 CELL_TAGS = ("specmoe.kind", "specmoe.method", "specmoe.dataset", "specmoe.temperature", "specmoe.budget",
              "specmoe.batch_size", "specmoe.parent")
-#: optional cell tags ``platform compare`` understands: ``"true"`` marks the AR baseline row / an
-#: analysis-only method (oracle expert sets: its speedup is not a real one).
+#: optional cell tags: ``"true"`` marks the AR baseline row / an analysis-only method (speedup not a real one).
 CELL_OPTIONAL_TAGS = ("specmoe.ar", "specmoe.analysis_only")
 CELL_KIND = "cell"
 PARENT_KIND = "recipe"
@@ -58,16 +53,8 @@ def _fmt_float(value: float) -> str:
 
 def cell_tags(method: str, dataset: str, temperature: float, budget: int, batch_size: int,
               parent: str | None = None) -> dict[str, str]:
-    """The canonical tags of one evaluation cell (values formatted the same way on log and search).
-
-    Args:
-        method: method name from the recipe.
-        dataset: dataset name (registry key or recipe label).
-        temperature: target decoding temperature (formatted as ``repr(float)``: ``"0.0"``, ``"1.0"``).
-        budget: gamma, tokens verified per step including the bonus token.
-        batch_size: generation batch size.
-        parent: run id of the parent (recipe) run.
-    """
+    """The canonical tags of one evaluation cell, formatted the same way on log and search (``temperature`` as
+    ``repr(float)``: ``"0.0"``); ``budget``: gamma, bonus token included; ``parent``: the recipe run's id."""
     tags = {"specmoe.kind": CELL_KIND, "specmoe.method": str(method), "specmoe.dataset": str(dataset),
             "specmoe.temperature": _fmt_float(temperature), "specmoe.budget": str(int(budget)),
             "specmoe.batch_size": str(int(batch_size))}
@@ -83,12 +70,8 @@ def cell_run_name(tags: Mapping[str, str]) -> str:
 
 
 def flatten_params(obj: Any, prefix: str = "") -> dict[str, str]:
-    """Flatten nested mappings / lists / dataclasses to ``{"a.b.0.c": "value"}``.
-
-    Lists of scalars stay one JSON value (``eval.temperatures = "[0.0, 1.0]"``); lists holding mappings
-    are indexed. Keys are made MLflow-safe (invalid characters become ``_``, at most 250 characters) and
-    values are truncated to MLflow's 6000-character limit.
-    """
+    """Flatten nested mappings / lists / dataclasses to ``{"a.b.0.c": "value"}``: lists of scalars stay one JSON
+    value, lists holding containers are indexed; keys are made MLflow-safe, values cut to MLflow's limit."""
     if is_dataclass(obj) and not isinstance(obj, type):
         from specmoe.config.validate import to_plain
 

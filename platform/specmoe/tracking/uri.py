@@ -1,10 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Tracking URIs: the default store, precedence, and a check that runs before any work starts.
-
-:func:`check_uri` takes seconds, not the minutes of MLflow's own retries: a tracking server or database
-that does not answer, or a URI scheme MLflow does not know, is reported at once with what to do (start it,
-fix ``tracking.uri`` / ``$MLFLOW_TRACKING_URI``, or run with ``tracking.enabled=false``).
-"""
+"""Tracking URIs: the default store, precedence, and :func:`check_uri`, which reports a store that does not answer
+or an unknown scheme before any work starts, in seconds (not after MLflow's minutes of retries)."""
 
 from __future__ import annotations
 
@@ -44,12 +40,9 @@ def sqlite_path(uri: str) -> Optional[Path]:
 
 
 def resolve_uri(uri: str | TrackingConfig | None = None, workdir: Path | None = None, *, existing: bool = False) -> str:
-    """``uri`` (a string, or a ``tracking`` config's ``.uri``) > ``$MLFLOW_TRACKING_URI`` >
-    ``sqlite:///<workdir>/mlflow.db`` (``workdir`` default: the current directory).
-
-    ``existing``: readers (``platform compare``, ``platform ui``) need a store that is there: a missing default
-    ``mlflow.db`` is a :class:`UserError` saying where to run from, not a new empty store.
-    """
+    """``uri`` (a string, or a config's ``.uri``) > ``$MLFLOW_TRACKING_URI`` > ``sqlite:///<workdir>/mlflow.db``
+    (``workdir`` default: cwd). ``existing`` (readers): a missing default ``mlflow.db`` raises :class:`UserError`
+    instead of making a new empty store."""
     if uri is not None and not isinstance(uri, str):
         uri = getattr(uri, "uri", None)
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
@@ -72,9 +65,8 @@ def _connect(host: str, port: int, timeout: float) -> Optional[str]:
 
 
 def check_uri(uri: str, timeout: float = 5.0) -> None:
-    """Raise :class:`UserError` when ``uri`` cannot work: an unknown scheme, a server or database that does
-    not accept connections within ``timeout`` seconds, or a sqlite file in a directory that cannot be
-    created. Credentials and databricks workspaces are left to MLflow."""
+    """Raise :class:`UserError` for an unknown scheme, a server / database not accepting connections within
+    ``timeout`` seconds, or an uncreatable sqlite directory; credentials and databricks are left to MLflow."""
     t0 = time.monotonic()
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()

@@ -1,12 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which Lightning checkpoint a training stage resumes from, and whether it still has budget left.
 
-A checkpoint can be damaged when the process was killed or the disk filled up while it was being written.
-:func:`resume_checkpoint` picks the newest checkpoint that reads back whole (``last.ckpt`` first, then the
-others by modification time), moves every damaged one aside to ``<name>.damaged`` (kept, never deleted) and
-says so in the log, so a rerun never fails on a truncated file. Training stages call it with one line::
-
-    trainer.fit(module, data, ckpt_path=resume_checkpoint(out / "checkpoints"))
+Usage: ``trainer.fit(module, data, ckpt_path=resume_checkpoint(out / "checkpoints"))``; damaged checkpoints
+(a killed process, a full disk) are moved aside to ``<name>.damaged``, never deleted.
 """
 
 from __future__ import annotations
@@ -26,11 +22,8 @@ DAMAGED_SUFFIX = ".damaged"
 
 
 def checkpoint_problem(path: str | Path) -> Optional[str]:
-    """Why ``path`` is not a readable checkpoint (``None`` when it is whole).
-
-    Lightning checkpoints are ``torch.save`` zip archives: a truncated file has no zip directory, and a
-    corrupted one fails the CRC check of a member or unpickling.
-    """
+    """Why ``path`` is not a readable checkpoint (``None`` when it is whole): a truncated ``torch.save`` zip has
+    no zip directory; a corrupted one fails a member's CRC check or unpickling."""
     path = Path(path)
     try:
         if path.stat().st_size == 0:
@@ -63,21 +56,18 @@ def _candidates(directory: Path, first: str) -> list[Path]:
     if not directory.is_dir():
         return []
     files = [p for p in directory.glob("*.ckpt") if p.is_file()]
-    # the file named (last.ckpt: the newest by construction) first, then the others, newest first
     return sorted(files, key=lambda p: (p.name != first, -p.stat().st_mtime))
 
 
 def resume_checkpoint(where: str | Path) -> Optional[str]:
     """The newest readable, resumable checkpoint in the directory ``where`` (given a file such as
     ``checkpoints/last.ckpt``: that file first, then the others of its directory, newest first), as a string
-    for ``trainer.fit(ckpt_path=...)``; ``None`` when there is none (training starts from step 0).
-
-    Damaged checkpoints are renamed ``<name>.damaged`` and reported with a warning naming the one used
-    instead.
+    for ``trainer.fit(ckpt_path=...)``; ``None`` when there is none. Damaged checkpoints are renamed
+    ``<name>.damaged`` and reported with a warning.
     """
     where = Path(where)
     first = "last.ckpt"
-    if where.suffix == ".ckpt":  # "checkpoints/last.ckpt": that file first, then the rest of its directory
+    if where.suffix == ".ckpt":
         where, first = where.parent, where.name
     damaged: list[str] = []
     chosen: Optional[Path] = None
@@ -107,10 +97,9 @@ def _max_steps(trainer_options: TrainerOptions | dict[str, Any] | None) -> int:
 
 
 def has_budget_left(out_dir: str | Path, trainer_options: TrainerOptions | dict[str, Any] | None = None) -> bool:
-    """Whether a failed training stage in ``out_dir`` may resume: True when it keeps no checkpoint at all
-    (not a training stage: its partial outputs are its own business), False when every checkpoint is
-    damaged, else whether the newest valid one is below ``trainer_options.max_steps`` (epoch budgets are
-    not checked: such a stage resumes)."""
+    """Whether a failed training stage in ``out_dir`` may resume: True when it keeps no checkpoint (not a training
+    stage), False when every checkpoint is damaged, else whether the newest valid one is below
+    ``trainer_options.max_steps`` (epoch budgets are not checked)."""
     ckpts = sorted(Path(out_dir).rglob("*.ckpt"), key=lambda p: -p.stat().st_mtime)
     if not ckpts:
         return True

@@ -22,13 +22,7 @@ def fit_module(module: LightningModule, loader: DataLoader, opts: TrainerOptions
     """Fit with checkpoints in ``out_dir/checkpoints`` (``last.ckpt`` resumes a killed run), CSV metrics in
     ``out_dir/logs/version_<n>/metrics.csv`` and MLflow logging when tracking is on; returns the trainer.
 
-    Args:
-        module: a ``lightning.LightningModule``.
-        loader: the training dataloader; val_loader: an optional validation dataloader.
-        opts: :class:`~specmoe.training.trainer.TrainerOptions`.
-        ctx: the :class:`~specmoe.interfaces.stage.StageContext` (tracking URI, parent run).
-        run_name: the MLflow run name (the stage name).
-        save_every: optimizer steps between checkpoints.
+    ``run_name``: the MLflow run name (the stage name); ``save_every``: optimizer steps between checkpoints.
     """
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
@@ -40,7 +34,7 @@ def fit_module(module: LightningModule, loader: DataLoader, opts: TrainerOptions
     ckpt_dir = out / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=str(ckpt_dir), filename="step-{step:06d}", save_last=True, save_top_k=1,
                            enable_version_counter=False, every_n_train_steps=max(1, save_every))
-    loggers: list[Any] = [CSVLogger(save_dir=str(out), name="logs")]  # version_<n>/ per (resumed) run
+    loggers: list[Any] = [CSVLogger(save_dir=str(out), name="logs")]
     mlf = mlflow_logger(ctx, run_name, tags={"specmoe.stage": run_name})
     if mlf is not None:
         loggers.append(mlf)

@@ -16,10 +16,8 @@ def accuracy_milestones(levels: list[float], out: Path,
                         export: Callable[[Path, Path, dict[str, Any]], Any], monitor: str = "val/acc") -> Callback:
     """A Lightning callback that, at the first validation whose ``monitor`` reaches each level, saves a
     weights-only checkpoint ``out/checkpoints/milestone-accNN.ckpt`` and (on rank 0) calls
-    ``export(checkpoint, out / "milestones" / "accNN", {"val_acc": acc, "milestone": level})``.
-
-    The levels reached are in ``callback.reached`` (and in its checkpointed state, so a resumed run does not
-    export a level twice).
+    ``export(checkpoint, out / "milestones" / "accNN", {"val_acc": acc, "milestone": level})``. The levels
+    reached are kept in ``callback.reached`` and its checkpointed state (a resumed run does not export twice).
     """
     from lightning.pytorch.callbacks import Callback
 

@@ -3,14 +3,10 @@
 and loading only the target's input-embedding matrix from its checkpoint.
 
 Batching is defined on the **global** batch: each epoch a seeded permutation of all windows is cut into
-global batches of ``batch_size * world_size``; rank ``r`` takes the ``r``-th slice of each. One process with
-batch ``N*b`` therefore sees exactly the batches that N processes with batch ``b`` see together. The last
-global batch is completed with windows from the start of the epoch marked as padding (they count neither
-in the loss nor in the metrics), so every rank runs the same number of steps.
-
-Mid-epoch resume: the DataModule stores how many batches of the current epoch were already trained
-(``state_dict``, saved in Lightning checkpoints) and the sampler skips them after a restart, so a resumed run
-sees the same batches, in the same order, as an uninterrupted one.
+global batches of ``batch_size * world_size``; rank ``r`` takes the ``r``-th slice of each, so one process with
+batch ``N*b`` sees the batches N processes with batch ``b`` see together. The last global batch is completed with
+padding windows (outside the loss and metrics), so every rank runs the same number of steps. A mid-epoch resume
+skips the batches already trained (the DataModule's ``state_dict``): the same batches, in the same order.
 """
 
 from __future__ import annotations
@@ -32,10 +28,8 @@ __all__ = ["TraceWindows", "GlobalBatchSampler", "collate_windows", "RoutingTrac
 
 
 class TraceWindows(Dataset):
-    """Samples of one split cut into windows of at most ``max_len`` tokens (read lazily from the shards).
-
-    Items are addressed by ``(window index, is_padding)`` (what :class:`GlobalBatchSampler` yields).
-    """
+    """Samples of one split cut into windows of at most ``max_len`` tokens (read lazily), addressed by
+    ``(window index, is_padding)``."""
 
     def __init__(self, reader: TraceReader, split: str, max_len: int) -> None:
         self.reader = reader
@@ -79,15 +73,8 @@ def collate_windows(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 class GlobalBatchSampler(Sampler):
-    """Yields this rank's slice of every global batch (see the module docstring).
-
-    Args:
-        n: dataset size.
-        batch_size: per-rank batch size.
-        rank, world: this process and the number of processes.
-        shuffle: seeded permutation per epoch (``seed + epoch``); else dataset order.
-        seed: base seed.
-    """
+    """Yields this rank's slice (``batch_size`` items) of every global batch over ``n`` items (see the module
+    docstring); ``shuffle``: a permutation seeded by ``seed + epoch``, else dataset order."""
 
     def __init__(self, n: int, batch_size: int, rank: int = 0, world: int = 1, shuffle: bool = True,
                  seed: int = 0) -> None:
@@ -126,8 +113,7 @@ class GlobalBatchSampler(Sampler):
 
 
 class _ResumableLoader(DataLoader):
-    """A DataLoader that tells Lightning it is resumable: the resume position itself travels in the
-    DataModule's state (the batches Lightning finished), which the sampler skips after a restart."""
+    """A DataLoader that tells Lightning it is resumable (the position travels in the DataModule's state)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -143,19 +129,9 @@ def _dist() -> tuple[int, int]:
 
 
 class RoutingTraceDataModule(L.LightningDataModule):
-    """Train on the traces' ``train`` split, validate on ``test`` (the paper's held-out 20%).
-
-    Use with ``Trainer(use_distributed_sampler=False)``: the sampler already splits batches across ranks.
-
-    Args:
-        traces: trace directory.
-        max_len: window length in tokens.
-        batch_size: per-device batch size (global batch = ``batch_size * world_size``).
-        val_batch_size: per-device validation batch size (default: ``batch_size``).
-        num_workers: DataLoader worker processes.
-        seed: shuffling seed.
-        train_split, val_split: split names.
-    """
+    """Train on the traces' ``train`` split, validate on ``test`` (the paper's held-out 20%), in windows of
+    ``max_len`` tokens; ``batch_size`` / ``val_batch_size`` are per device. Use with
+    ``Trainer(use_distributed_sampler=False)``: the sampler already splits batches across ranks."""
 
     def __init__(self, traces: str | Path, max_len: int = 512, batch_size: int = 16,
                  val_batch_size: Optional[int] = None, num_workers: int = 0, seed: int = 0,
@@ -212,8 +188,7 @@ class RoutingTraceDataModule(L.LightningDataModule):
 def load_target_embedding(path: str, revision: Optional[str] = None) -> torch.Tensor:
     """The ``[V, H]`` input-embedding matrix of the causal LM at ``path`` without loading the model.
 
-    Reads the tensor's name from a meta-device instance of the architecture and only the safetensors file
-    holding it (a local directory or a hub id; for a hub id only that file is downloaded).
+    Reads only the safetensors file holding it (a local directory or a hub id: only that file is downloaded).
     """
     import transformers
     from safetensors import safe_open

@@ -1,13 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Draft-training data: the target's own responses to prompts (``responses.jsonl``), generated and read.
 
-File format, one JSON object per line::
-
-    {"id": "gsm8k/train/12", "prompt_ids": [...], "response_ids": [...]}
-
-:func:`write_responses` runs the target autoregressively (greedy or sampled) and appends lines, skipping ids
-already present, so an interrupted run resumes. :class:`ResponseDataset` turns lines into training sequences
-``prompt + response`` with a loss mask on the response tokens.
+One JSON object per line: ``{"id": "gsm8k/train/12", "prompt_ids": [...], "response_ids": [...]}``.
+:func:`write_responses` appends lines, skipping ids already present (resumable); :class:`ResponseDataset` turns
+them into ``prompt + response`` sequences with a loss mask on the response tokens.
 """
 
 from __future__ import annotations
@@ -89,15 +85,9 @@ def write_responses(target: Target, items: Sequence[PromptItem], path: str | Pat
                     progress: bool = False) -> dict[str, Any]:
     """Generate the target's responses to ``items`` and append them to ``path`` (resumable).
 
-    Args:
-        target: an ``hf`` target.
-        stop: a :class:`~specmoe.decoding.stopping.StopRule` (default: ``max_new_tokens`` and the target's
-            EOS).
-        seed: sampling seed; each batch uses ``seed + index of its first item``, so a resumed run samples the
-            same way as an uninterrupted one.
-
-    Returns:
-        Counts: ``{"written", "skipped", "total", "response_tokens", "seconds"}`` for this call.
+    ``stop`` defaults to ``max_new_tokens`` and the target's EOS; each batch samples with ``seed + index of its
+    first item`` (a resumed run samples alike). Returns this call's ``{"written", "skipped", "total",
+    "response_tokens", "seconds"}``.
     """
     from specmoe.decoding.ar import ar_generate
     from specmoe.decoding.stopping import StopRule
@@ -127,13 +117,8 @@ def write_responses(target: Target, items: Sequence[PromptItem], path: str | Pat
 
 
 class ResponseDataset(torch.utils.data.Dataset):
-    """Training sequences from ``responses.jsonl`` lines.
-
-    Args:
-        records: lines from :func:`read_responses`.
-        max_length: sequence cap (tokens beyond it are cut from the end).
-        max_prompt_tokens: keep at most this many prompt tokens (cut from the start); None keeps all.
-    """
+    """Training sequences from :func:`read_responses` lines, cut to ``max_length`` tokens at the end and to
+    ``max_prompt_tokens`` prompt tokens at the start (None keeps all)."""
 
     def __init__(self, records: Iterable[dict[str, Any]], max_length: int = 2048,
                  max_prompt_tokens: Optional[int] = None) -> None:

@@ -3,9 +3,8 @@
 
 * Target distribution (eq. 5): for token ``t`` and MoE layer ``l``, ``q[t, l, e] = 1/K`` when expert ``e`` is
   one of the router's top-K, else 0.
-* Loss (eq. 6): ``-sum_t sum_l sum_e q[t, l, e] log softmax(z[t, l])[e]``; :func:`routing_loss` returns the
-  sum and the number of (token, layer) terms so that callers can average over any set of tokens (e.g. the
-  global batch under DDP).
+* Loss (eq. 6): ``-sum_t sum_l sum_e q[t, l, e] log softmax(z[t, l])[e]``, returned as a sum and a term count
+  (callers average over any set of tokens, e.g. the global batch under DDP).
 * Accuracy: ``|TopK(p_hat[t, l]) & E_gt(t, l)| / K`` averaged over tokens and layers (also per layer).
 """
 
@@ -26,17 +25,9 @@ def routing_targets(routing: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 def routing_loss(logits: torch.Tensor, routing: torch.Tensor,
                  valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Layer-wise cross-entropy against uniform mass on the router's top-K (eq. 6).
-
-    Args:
-        logits: ``[..., L, E]`` predictor routing logits ``z``.
-        routing: ``[..., L, K]`` ground-truth expert ids.
-        valid: ``[...]`` bool; padding tokens contribute nothing.
-
-    Returns:
-        ``(loss_sum, terms)``: the summed loss over valid tokens and layers (float32 scalar) and the number of
-        (token, layer) terms in it (float32 scalar); ``loss_sum / terms`` is the mean per token and layer.
-    """
+    """Layer-wise cross-entropy of ``logits [..., L, E]`` against uniform mass on the router's top-K ``routing
+    [..., L, K]`` (eq. 6), over ``valid [...]`` tokens -> ``(loss_sum, terms)`` float32 scalars: the summed loss
+    and the number of (token, layer) terms in it."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     q = routing_targets(routing, logits.shape[-1])
     ce = -(q * logp).sum(dim=-1)  # [..., L]
@@ -52,25 +43,14 @@ def topk_sets(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def topk_overlap(pred_sets: torch.Tensor, routing: torch.Tensor) -> torch.Tensor:
-    """``|pred & gt|`` per token and layer.
-
-    Args:
-        pred_sets: ``[..., L, E]`` bool predicted experts.
-        routing: ``[..., L, K]`` ground-truth expert ids.
-
-    Returns:
-        ``[..., L]`` int64 overlap counts.
-    """
+    """``|pred & gt|`` per token and layer: ``pred_sets [..., L, E]`` bool, ``routing [..., L, K]`` expert ids
+    -> ``[..., L]`` int64."""
     return pred_sets.gather(-1, routing.long()).sum(dim=-1)
 
 
 class TopKRoutingAccuracy(Metric):
-    """Top-K routing prediction accuracy, overall and per layer; exact under DDP (summed counts).
-
-    Args:
-        num_layers: ``L``.
-        top_k: ``K`` (experts per token of the target).
-    """
+    """Top-K routing prediction accuracy over ``num_layers`` layers and ``top_k`` experts per token, overall and
+    per layer; exact under DDP (summed counts)."""
 
     full_state_update = False
     higher_is_better = True
@@ -83,13 +63,8 @@ class TopKRoutingAccuracy(Metric):
         self.add_state("tokens", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, pred: torch.Tensor, routing: torch.Tensor, valid: torch.Tensor | None = None) -> None:
-        """Add a batch.
-
-        Args:
-            pred: ``[..., L, E]`` logits (their top-K is the prediction) or bool expert sets.
-            routing: ``[..., L, K]`` ground-truth expert ids.
-            valid: ``[...]`` bool mask of real tokens (default: all).
-        """
+        """Add a batch: ``pred [..., L, E]`` logits (their top-K is the prediction) or bool expert sets,
+        ``routing [..., L, K]`` ground-truth ids, ``valid [...]`` bool mask of real tokens (default: all)."""
         sets = pred if pred.dtype == torch.bool else topk_sets(pred, self.top_k)
         overlap = topk_overlap(sets, routing)  # [..., L]
         if valid is None:

@@ -14,19 +14,10 @@ __all__ = ["warmup_schedule"]
 
 def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: Optional[float] = None,
                     min_lr_ratio: Optional[float] = None) -> dict[str, Any]:
-    """A Lightning ``lr_scheduler`` entry stepped at every optimizer step.
-
-    Linear warm-up from 0 over ``warmup_steps``, then a cosine decay to ``min_lr_ratio * lr`` at
-    ``total_steps`` (``get_cosine_with_min_lr_schedule_with_warmup``); a constant rate after the warm-up when
-    ``min_lr_ratio`` is None or the total is unknown or not past the warm-up
-    (``get_constant_schedule_with_warmup``).
-
-    Args:
-        optimizer: the optimizer whose ``lr`` is the peak rate.
-        warmup_steps: warm-up length in optimizer steps (0: none).
-        total_steps: optimizer steps of the whole run (``trainer.estimated_stepping_batches``).
-        min_lr_ratio: final rate as a fraction of the peak.
-    """
+    """A Lightning ``lr_scheduler`` entry stepped at every optimizer step: linear warm-up from 0 to the
+    optimizer's ``lr`` over ``warmup_steps``, then a cosine decay to ``min_lr_ratio * lr`` at ``total_steps``
+    (``trainer.estimated_stepping_batches``); a constant rate after the warm-up when ``min_lr_ratio`` is None or
+    the total is unknown or not past the warm-up."""
     from transformers.optimization import (
         get_constant_schedule_with_warmup,
         get_cosine_with_min_lr_schedule_with_warmup,

@@ -16,17 +16,10 @@ __all__ = ["teacher_forward"]
 @torch.no_grad()
 def teacher_forward(target: Target, input_ids: torch.Tensor, valid: torch.Tensor, layers: Sequence[int],
                     out_device: torch.device, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The frozen target on a right-padded batch (its standard causal pass, no cache, autocast off).
-
-    Args:
-        target: a :class:`~specmoe.interfaces.target.Target`.
-        input_ids, valid: ``[B, L]``.
-        layers: ``hidden_states`` indices to concatenate (0 = embeddings, -1 = the final normalized state).
-        logits: also return the logits (``False``: ``None``, the LM head is skipped).
-
-    Returns:
-        ``(features [B, L, len(layers) * H], logits [B, L, V] float32)`` on ``out_device``.
-    """
+    """The frozen target on a right-padded batch ``input_ids, valid [B, L]`` (standard causal pass, no cache,
+    autocast off) -> ``(features [B, L, len(layers) * H], logits [B, L, V] float32)`` on ``out_device``.
+    ``layers``: ``hidden_states`` indices to concatenate (0 = embeddings, -1 = the final normalized state);
+    ``logits=False``: ``None`` instead, the LM head skipped."""
     dev = target.device
     ids = input_ids.to(dev)
     positions = torch.arange(ids.shape[1], device=dev).expand_as(ids)

@@ -2,15 +2,11 @@
 """Held-out top-K routing accuracy of any expert predictor, through its decoding interface.
 
 Each traced sample is replayed the way the engine drives a predictor: the first token is committed
-(``observe(first=True)``), then repeatedly a chain-shaped :class:`~specmoe.interfaces.tree.DraftTree` of the
-next ``chunk`` tokens (rooted at the last committed token) is scored with ``predict`` and its tokens are
-committed with ``observe``. Every token is scored exactly once, with all of its true context, so the number
-is the paper's "routing prediction accuracy" (App. B.1) measured on the same code path as decoding.
-Predictors that read the drafter's node features (``draft_head``) get, on every chain node, the feature the
-drafter computes for that token teacher-forced (``Drafter.teacher_features`` at ``feature_depth``; depth 1 is
-a node proposed from committed context, as here); positions without one (the first ``feature_depth + 1``
-tokens of a sample) get zeros.
-Command line: ``platform traces evaluate`` (:mod:`specmoe.cli.traces`).
+(``observe(first=True)``), then repeatedly a chain :class:`~specmoe.interfaces.tree.DraftTree` of the next
+``chunk`` tokens is scored with ``predict`` and committed with ``observe``. Every token is scored exactly once,
+with all of its true context (the paper's "routing prediction accuracy", App. B.1). Predictors that read the
+drafter's node features get the teacher-forced ones (``Drafter.teacher_features`` at ``feature_depth``).
+Command line: ``platform traces evaluate``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Recipe keys for ``lightning.Trainer`` shared by every training stage (multi-GPU / multi-node ready).
 
-Multi-node: launch the same command on every node with torchrun (``--nnodes N --node_rank R
---master_addr HOST --master_port PORT --nproc_per_node G``) or under SLURM (``srun``); Lightning reads
-``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``WORLD_SIZE`` / the SLURM variables itself. Set
-``trainer.devices`` to the GPUs per node and ``trainer.num_nodes`` to N.
-
-Hardware-dependent choices are explicit and never sampled from the machine's load:
-
-* ``precision: auto`` (the default) is ``bf16-mixed`` only where bf16 is faster: a CUDA GPU with bf16, or a CPU
-  with native bf16 on which a timed probe of the work trained bf16 faster (measured once per CPU model and
-  kept in the user cache, :mod:`specmoe.precision`), and ``32-true`` elsewhere; the resolved value is part of
-  the stage's cache key (:func:`trainer_key_facts`), logged to MLflow and written to the stage summary.
-* Threads: ``trainer.num_threads``, by default the cores of this process divided by the training processes
-  on the node (:func:`default_num_threads`).
+Multi-node: launch the same command on every node with torchrun or under SLURM, with ``trainer.devices`` the GPUs
+per node and ``trainer.num_nodes`` the node count. Precision and threads are never sampled from the machine's load.
 """
 
 from __future__ import annotations
@@ -42,9 +31,8 @@ log = logging.getLogger(__name__)
 class TrainerOptions:
     """Subset of ``lightning.Trainer`` arguments exposed in recipes (``trainer: {...}``).
 
-    A stage's length is its step / epoch budget (``max_steps``, ``max_epochs``), so a recipe trains the same
-    number of steps on every machine. ``max_time`` is only a guard (see
-    :class:`~specmoe.training.wall_clock.WallClockGuard`).
+    A stage's length is its step / epoch budget (``max_steps``, ``max_epochs``), the same on every machine;
+    ``max_time`` is only a guard.
     """
 
     accelerator: str = "auto"
@@ -54,15 +42,13 @@ class TrainerOptions:
     strategy: str = "auto"
     """``auto``, ``ddp``, ``fsdp``, ``ddp_spawn``, ``deepspeed_stage_2``..."""
     precision: str = "auto"
-    """``auto`` (see :func:`resolve_precision`: ``bf16-mixed`` on a CUDA GPU with bf16 or on a CPU where bf16
-    measured faster, else ``32-true``), or any Lightning value: ``32-true``, ``bf16-mixed``, ``16-mixed``..."""
+    """``auto`` (``bf16-mixed`` where bf16 is faster, else ``32-true``), or any Lightning value."""
     accumulate_grad_batches: int = 1
     max_epochs: int = 1
     max_steps: int = -1
     max_time: Optional[str] = None
-    """opt-in wall-clock guard per run, ``DD:HH:MM:SS``: when it stops training before the step / epoch
-    budget, the stage saves its checkpoint and fails with ``StageIncomplete`` (a rerun continues). Not part
-    of the cache key."""
+    """opt-in wall-clock guard per run, ``DD:HH:MM:SS``: stopping before the budget saves a checkpoint and fails
+    with ``StageIncomplete`` (a rerun continues). Not part of the cache key."""
     val_check_interval: Optional[Union[int, float]] = None
     """an int: every that many training batches; a float in (0, 1]: that fraction of an epoch."""
     check_val_every_n_epoch: Optional[int] = 1
@@ -70,8 +56,7 @@ class TrainerOptions:
     log_every_n_steps: int = 10
     gradient_clip_val: Optional[float] = None
     num_threads: Optional[int] = None
-    """torch intra-op threads per process (CPU); default :func:`default_num_threads` (cores / processes on
-    this node). Not part of the cache key."""
+    """torch intra-op threads per process (CPU); default: cores / processes on this node. Not in the cache key."""
     enable_progress_bar: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
     """any other ``lightning.Trainer`` keyword argument."""
@@ -79,9 +64,7 @@ class TrainerOptions:
 
 @dataclass
 class OptimizerOptions:
-    """The AdamW options every training stage shares, written once: a stage's ``Config`` subclasses this (the
-    options stay flat keys of the stage in a recipe, ``lr: 1e-3``) and re-declares a field only to give it
-    another default. :meth:`optimizer` passes them on to the stage's module as keyword arguments."""
+    """The AdamW options every training stage shares (a stage's ``Config`` subclasses this: flat recipe keys)."""
 
     lr: float = 1e-3
     """peak AdamW learning rate."""
@@ -91,18 +74,14 @@ class OptimizerOptions:
     """linear warm-up from 0 to ``lr``, in optimizer steps (0: none)."""
 
     def optimizer(self) -> dict[str, Any]:
-        """``{lr, weight_decay, warmup_steps}`` of this config (the keyword arguments of the modules)."""
+        """``{lr, weight_decay, warmup_steps}``: the modules' keyword arguments."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(OptimizerOptions)}
 
 
 @functools.lru_cache(maxsize=None)
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 matrix products natively (so bf16 autocast is faster than fp32).
-
-    x86-64: AVX512-BF16 or AMX tiles, as torch reports them (``torch.cpu._is_avx512_bf16_supported``,
-    ``torch.cpu._is_amx_tile_supported``); aarch64: the ``bf16`` feature in ``/proc/cpuinfo``. Without them
-    (e.g. AVX2 only) bf16 autocast is emulated and measured ~17x slower than fp32 per step of the tiny target.
-    """
+    """Whether this CPU computes bf16 matrix products natively: x86-64 AVX512-BF16 or AMX tiles, as torch
+    reports them; aarch64: the ``bf16`` feature in ``/proc/cpuinfo``. Without them bf16 autocast is emulated."""
     import torch
 
     for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
@@ -124,10 +103,9 @@ def cpu_has_native_bf16() -> bool:
 def resolve_precision(precision: str, accelerator: str = "auto", work: str = "train_moe_lm") -> str:
     """The Lightning precision ``precision`` stands for on this machine (``auto`` resolved, others as given).
 
-    ``auto``: ``bf16-mixed`` on a CUDA GPU that supports bf16; on a CPU with native bf16
-    (:func:`cpu_has_native_bf16`) the faster of ``32-true`` and ``bf16-mixed`` for ``work``, measured once per
-    CPU model and read from the user cache afterwards (:func:`specmoe.precision.cpu_decision`: a native-bf16
-    CPU can still train slower in bf16); ``32-true`` otherwise (an older GPU, Apple MPS, a CPU with AVX2 only).
+    ``auto``: ``bf16-mixed`` on a CUDA GPU that supports bf16; on a CPU with native bf16 the faster of
+    ``32-true`` and ``bf16-mixed`` for ``work``, measured once per CPU model and kept in the user cache
+    (:func:`specmoe.precision.cpu_decision`); ``32-true`` otherwise.
     """
     if str(precision) != "auto":
         return str(precision)
@@ -156,8 +134,8 @@ def default_num_threads(devices: int | str | Sequence[int] = 1) -> int:
 
 
 def stage_trainer_options(stage_cls: type, options: Any) -> TrainerOptions:
-    """The :class:`TrainerOptions` a training stage will use: its ``Config``'s default ``trainer`` updated by
-    the ``trainer`` mapping of ``options`` (a recipe's partial mapping keeps the other defaults)."""
+    """The :class:`TrainerOptions` of a training stage: its ``Config``'s default ``trainer`` updated by the
+    (partial) ``trainer`` mapping of ``options``."""
     fields = {f.name: f for f in dataclasses.fields(stage_cls.Config)} if hasattr(stage_cls, "Config") else {}
     spec = fields.get("trainer")
     default: Any = None
@@ -173,23 +151,15 @@ def stage_trainer_options(stage_cls: type, options: Any) -> TrainerOptions:
 
 def trainer_key_facts(stage_cls: type, options: dict[str, Any]) -> dict[str, Any]:
     """``Stage.key_facts`` of every training stage: the precision its trainer resolves to on this machine
-    (``{"precision": "32-true"}``), so an ``auto`` stage trained in bf16 is not reused where fp32 is chosen
-    (on a CPU the decision is read from the user cache, so the key is the same on every run there).
-
-    Use as ``key_facts = classmethod(trainer_key_facts)`` in the stage class.
-    """
+    (``{"precision": "32-true"}``). Use as ``key_facts = classmethod(trainer_key_facts)``."""
     opts = stage_trainer_options(stage_cls, options)
     return {"precision": resolve_precision(opts.precision, opts.accelerator)}
 
 
 def build_trainer(opts: TrainerOptions, out_dir: str | Path, *, callbacks: list[Any] | None = None,
                   logger: Logger | Iterable[Logger] | bool | None = None, **overrides: Any) -> Trainer:
-    """A ``lightning.Trainer`` writing checkpoints and logs under ``out_dir`` (never ``lightning_logs/``).
-
-    Resolves ``precision: auto`` and the thread count, logs both (``trainer.precision``,
-    ``trainer.num_threads``) to every MLflow logger, and turns ``max_time`` into a
-    :class:`~specmoe.training.wall_clock.WallClockGuard`.
-    """
+    """A ``lightning.Trainer`` writing checkpoints and logs under ``out_dir`` (never ``lightning_logs/``), with
+    ``precision: auto`` and the thread count resolved and ``max_time`` as a :class:`WallClockGuard`."""
     import lightning as L
     import torch
     from lightning.pytorch.loggers import MLFlowLogger
@@ -225,12 +195,8 @@ def build_trainer(opts: TrainerOptions, out_dir: str | Path, *, callbacks: list[
 
 def mlflow_logger(ctx: StageContext, run_name: str, params: Optional[dict[str, Any]] = None,
                   tags: Optional[dict[str, str]] = None) -> Optional[MLFlowLogger]:
-    """A Lightning ``MLFlowLogger`` for a training stage, or ``None`` when the run has no tracking.
-
-    Nested under ``ctx.parent_run_id`` (in the parent's experiment) when given, else in the recipe's
-    experiment. With a ``sqlite:///`` store the artifact location is ``mlartifacts/`` beside the database
-    (MLflow 3 refuses the default ``./mlruns`` store there).
-    """
+    """A Lightning ``MLFlowLogger`` for a training stage (nested under ``ctx.parent_run_id`` when given), or
+    ``None`` without tracking. A ``sqlite:///`` store keeps artifacts in ``mlartifacts/`` beside the database."""
     uri = getattr(ctx, "tracking_uri", None)
     if not uri:
         return None

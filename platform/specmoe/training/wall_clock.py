@@ -1,12 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """``trainer.max_time`` as an opt-in guard that never passes a shortened stage off as complete.
 
-A stage's length is its step / epoch budget. When a recipe also sets ``trainer.max_time`` and the clock
-runs out first, :class:`WallClockGuard` saves the resume checkpoint(s) of the stage's ``ModelCheckpoint``
-callbacks (``last.ckpt``) at that step and raises :class:`~specmoe.errors.StageIncomplete`, so the runner
-does not mark the stage done and the next run continues from the checkpoint. The guard counts the time of
-the current run only (Lightning's ``Timer`` restores the elapsed time of earlier runs; this one does not),
-so every rerun trains for at most ``max_time`` more.
+The guard counts the time of the current run only (unlike Lightning's ``Timer``), so every rerun trains for at
+most ``max_time`` more.
 """
 
 from __future__ import annotations
@@ -27,11 +23,8 @@ __all__ = ["WallClockGuard"]
 
 class WallClockGuard(Timer):
     """Stop training after ``duration`` (``DD:HH:MM:SS``) of this run; if that is before the budget, save the
-    resume checkpoints and raise :class:`StageIncomplete`.
-
-    Under DDP the stop decision is broadcast from rank 0 (Lightning's ``Timer``), so every rank saves and
-    raises at the same step.
-    """
+    resume checkpoints (``last.ckpt``) and raise :class:`StageIncomplete`. Under DDP every rank stops at the same
+    step (rank 0 decides)."""
 
     def __init__(self, duration: str) -> None:
         super().__init__(duration=duration, interval="step", verbose=False)

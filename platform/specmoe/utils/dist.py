@@ -1,16 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which process this is (global rank, world size, local rank, node rank) and waiting for rank 0.
 
-Detection is Lightning's: the first of its cluster environments that recognises the launch (torchrun /
-torchelastic, SLURM's ``srun``, LSF, Kubeflow) gives the ranks, so ``platform run`` and the Lightning
-trainers inside its stages always agree. Processes started by hand with ``RANK`` / ``WORLD_SIZE`` /
-``LOCAL_RANK`` are read from those variables. A plain ``python`` process is rank 0 of 1 (Lightning is not
-even imported then).
-
-:func:`wait_for` is how other ranks wait for rank 0's result: it returns when the result appears, raises at
-once when rank 0 records a failure instead, and raises after a timeout (``$SPECMOE_WAIT_TIMEOUT_S``, default
-12 hours) so that no rank waits forever.
-"""
+Ranks come from the first of Lightning's cluster environments that detects the launch (torchrun, SLURM, LSF,
+Kubeflow), so ``platform run`` and its Lightning trainers agree; else from ``RANK`` / ``WORLD_SIZE`` /
+``LOCAL_RANK``. A plain ``python`` process is rank 0 of 1 (Lightning is not imported then)."""
 
 from __future__ import annotations
 
@@ -79,7 +72,6 @@ def dist_info() -> DistInfo:
 
 
 def rank_world() -> tuple[int, int]:
-    """``(global rank, world size)`` of this process."""
     info = dist_info()
     return info.rank, info.world
 
@@ -101,18 +93,9 @@ def _timeout() -> float:
 
 def wait_for(path: str | os.PathLike, what: str, *, failed: Optional[Callable[[], Optional[str]]] = None,
              timeout: Optional[float] = None, poll: float = 2.0) -> None:
-    """Block until ``path`` exists.
-
-    Args:
-        path: the file the other rank writes last (a ``.done`` marker, an index).
-        what: what it is, for messages.
-        failed: returns the other rank's failure message once it has recorded one (then we stop waiting).
-        timeout: seconds; default ``$SPECMOE_WAIT_TIMEOUT_S`` or 12 hours.
-
-    Raises:
-        RankFailed: ``failed()`` returned a message.
-        WaitTimeout: ``path`` did not appear within ``timeout`` seconds.
-    """
+    """Block until ``path`` (the file the other rank writes last, e.g. a ``.done`` marker; ``what`` in messages)
+    exists. Raises :class:`RankFailed` once ``failed()`` returns the other rank's failure message, and
+    :class:`WaitTimeout` after ``timeout`` seconds (default ``$SPECMOE_WAIT_TIMEOUT_S`` or 12 hours)."""
     limit = _timeout() if timeout is None else timeout
     path = Path(path)
     t0 = time.monotonic()

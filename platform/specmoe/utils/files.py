@@ -1,14 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Atomic file writes and inter-process file locks.
 
-* :func:`atomic_write` writes through a temporary file in the same directory and an ``os.replace``, so a
-  reader (or a process killed mid-write) never sees half a file; :func:`atomic_path` does the same for
-  writers that want a path (``safetensors.save_file``).
-* :class:`FileLock` is an exclusive OS lock on ``<path>`` (the ``filelock`` library's native lock: ``flock`` on
-  POSIX, never its soft fallback); the holder writes who it is into the lock file, so a process that has to wait
-  can say who it waits for. The lock is released when the holder exits, however it dies (the kernel drops the
-  lock with the process), so a killed run never leaves a stale lock behind.
-"""
+Writes go through a temporary file beside the target and ``os.replace``: no reader sees half a file, even after a
+kill. :class:`FileLock` is ``filelock``'s native OS lock (``flock`` on POSIX, never its soft fallback): the holder
+records who it is for waiters, and the kernel drops the lock with a dying holder, so no lock goes stale."""
 
 from __future__ import annotations
 
@@ -31,14 +26,8 @@ logger = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; when the block ends without error it becomes ``path``
-    (``os.replace``), otherwise it is removed. Creates the parent directory.
-
-    Example::
-
-        with atomic_path(out / "model.safetensors") as tmp:
-            save_file(state, str(tmp))
-    """
+    """Yield a temporary path beside ``path`` (for writers that want a path, e.g. ``safetensors.save_file``); it
+    becomes ``path`` (``os.replace``) when the block ends without error, else it is removed. Creates the parent."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -79,19 +68,9 @@ def holder_text(info: dict[str, Any]) -> str:
 
 
 class FileLock:
-    """An exclusive inter-process lock on the file ``path`` (created if missing).
-
-    Args:
-        path: the lock file.
-        what: a label for messages (``"stage 'target' (pretrain_target)"``).
-        on_wait: called once with a message when the lock is held by someone else and we start waiting
-            (default: ``logger.warning``).
-
-    Example::
-
-        with FileLock(out_dir.with_suffix(".lock"), "stage 'target'"):
-            ...  # only one process at a time gets here
-    """
+    """Exclusive inter-process lock (and context manager) on the file ``path``, created if missing. ``what`` labels
+    messages (``"stage 'target' (pretrain_target)"``); ``on_wait`` gets one message when we start waiting for another
+    holder (default: ``logger.warning``)."""
 
     def __init__(self, path: str | os.PathLike, what: str = "", on_wait: Optional[Callable[[str], None]] = None):
         self.path = Path(path)
@@ -112,12 +91,7 @@ class FileLock:
         os.ftruncate(fd, len(data))
 
     def holder(self, settle: float = 0.0) -> dict[str, Any]:
-        """Who holds (or last held) the lock, as written by the holder; ``{}`` when unknown.
-
-        Args:
-            settle: seconds to wait for a record that is not readable yet (a holder writes it just after it
-                takes the lock, so a waiter that arrives in between would otherwise read nothing).
-        """
+        """Who holds (or last held) the lock (``{}``: unknown); ``settle``: seconds to wait for its record to appear."""
         deadline = time.monotonic() + settle
         while True:
             try:
@@ -129,11 +103,7 @@ class FileLock:
             time.sleep(0.02)
 
     def acquire(self, timeout: Optional[float] = None, poll: float = 0.5) -> "FileLock":
-        """Take the lock, waiting for the holder (at most ``timeout`` seconds; ``None``: as long as it takes).
-
-        Raises:
-            LockTimeout: the lock is still held after ``timeout`` seconds.
-        """
+        """Take the lock, waiting at most ``timeout`` seconds (``None``: forever), else raise :class:`LockTimeout`."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._lock.acquire(timeout=0)

@@ -16,9 +16,6 @@ def canonical_json(obj: Any) -> str:
 
 
 def stable_hash(obj: Any, length: int = 16) -> str:
-    """The first ``length`` hex digits of the SHA-256 of :func:`canonical_json` ``(obj)``.
-
-    The same data gives the same hash in every process, on every machine and Python version (unlike
-    ``hash()``); mapping order does not matter, list order does.
-    """
+    """First ``length`` hex digits of the SHA-256 of :func:`canonical_json` ``(obj)``: the same in every process,
+    machine and Python version (unlike ``hash()``); mapping order does not matter, list order does."""
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:length]
