@@ -42,7 +42,7 @@ step bench_predictor 60 python -m specmoe.cli.main bench draft_head --device cud
 step bench_engine 100 python -m specmoe.cli.main bench engine --device cuda --dtype bfloat16 --new-tokens 48 --repeats 2 \
   --json "$OUT/bench_engine.json"
 python -c "
-from specmoe.bench.engine import DEMO
+from specmoe.bench.target import DEMO
 from specmoe.models.tiny import build_tiny_model
 d = dict(DEMO); arch = d.pop('arch'); seed = d.pop('seed')
 build_tiny_model(arch, '/tmp/demo_target', seed=seed, **d)" >"$OUT/build_target.log" 2>&1

@@ -8,8 +8,8 @@ import argparse
 
 import torch
 
-from specmoe.bench import engine as bench
 from specmoe.bench.opcount import count_ops
+from specmoe_plugins.benches.engine import bench
 
 
 def test_counter_sees_host_reads_and_data_dependent_ops():

@@ -88,9 +88,9 @@ def test_engine_step_reads_the_device_twice(make_target):
     grouped_mm, which reads nothing), and the engine's glue (everything but the drafter, predictor and selector)
     reads twice: the selection, the acceptance (the node values the selector ranks by count as the selection's:
     a small CPU pool reads them on the host, where that is free)."""
-    from specmoe.bench.engine import count_step_ops
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.registry import drafters, predictors, selectors
+    from specmoe_plugins.benches.engine.bench import count_step_ops
 
     target = make_target("gpt_oss")
     drafter = drafters.get("eagle3")(init={"seed": 1, "draft_vocab_size": 200})

@@ -8,8 +8,8 @@ import argparse
 
 import pytest
 
-from specmoe.bench import selector as bench
 from specmoe.errors import UserError
+from specmoe_plugins.benches import selector as bench
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -8,8 +8,9 @@ import argparse
 
 import pytest
 
-from specmoe.bench import tree as bench_tree
+from specmoe.bench.target import bench_prompts
 from specmoe.errors import UserError
+from specmoe_plugins.benches import tree as bench_tree
 
 
 def test_parse_shapes():
@@ -29,8 +30,8 @@ def test_bench_tree_runs(make_predictable, agreeing_drafts):
                          "--prompts", "3", "--new-tokens", "10", "--shapes", "chain3=4/3/1,tree4=4/3/2/1",
                          "--warmup", "2", "--verifier", "torch_union"])
     # the warm-up's prompts come after the measured ones, which do not depend on how many there are
-    assert bench_tree._prompts(target, args, 2)[:3] == bench_tree._prompts(target, args)
-    assert len(bench_tree._prompts(target, args, 2)) == 5
+    assert bench_prompts(target, args, 2)[:3] == bench_prompts(target, args)
+    assert len(bench_prompts(target, args, 2)) == 5
     with pytest.raises(UserError, match="no tokenizer"):
         bench_tree.measure(target, p.parse_args(["--prompts", "1"]))
     r = bench_tree.measure(target, args)

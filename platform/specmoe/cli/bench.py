@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """``platform bench <name> [options]``: run a benchmark and print its table.
 
-Benchmarks come from :data:`specmoe.registry.benches`: the core's (:data:`specmoe.bench.BENCHES`) and every
-plugin's entry point in the group ``specmoe.benches``. One that cannot be imported is left out of the list with a
+Benchmarks come from :data:`specmoe.registry.benches`: every entry point in the group ``specmoe.benches`` (the
+built-in ones are ``specmoe_plugins``'). One that cannot be imported is left out of the list with a
 warning naming it and why (the others stay usable).
 """
 
@@ -27,8 +27,8 @@ def _unknown_bench(parser: argparse.ArgumentParser, inner: argparse._SubParsersA
             names = sorted(inner.choices)
             close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.5)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            parser.error(f"unknown bench '{value}'.{hint} Available: {', '.join(names)} (the core's and the "
-                         f"entry-point group 'specmoe.benches'; 'platform ls bench' says where each comes from)")
+            parser.error(f"unknown bench '{value}'.{hint} Available: {', '.join(names)} (the entry-point "
+                         f"group 'specmoe.benches'; 'platform ls bench' says where each comes from)")
         check(action, value)
 
     parser._check_value = _check_value  # type: ignore[method-assign]
@@ -51,12 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         try:
             module = benches.get(name)
         except Exception as exc:  # noqa: BLE001 - a broken plugin bench must not break the CLI
-            if origin.startswith("built in") and getattr(exc.__cause__, "name", None) == target:
-                continue  # a core bench not shipped in this version
             logger.warning("bench '%s' (%s) is left out: %s", name, origin, exc)
             continue
-        where = "" if origin.startswith("built in") else f" [{target.split('.')[0]}]"
-        bp = inner.add_parser(name, help=_summary(module) + where)
+        bp = inner.add_parser(name, help=f"{_summary(module)} [{target.split('.')[0]}]")
         module.add_arguments(bp)
         bp.set_defaults(func=module.run)
     p.set_defaults(func=lambda args: p.print_help() or 2)

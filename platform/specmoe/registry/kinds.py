@@ -16,10 +16,9 @@ verifiers: Registry = Registry("verifier", "specmoe.interfaces.verifier:Verifier
 datasets: Registry = Registry("dataset", "specmoe.interfaces.dataset:Dataset")
 stages: Registry = Registry("stage", "specmoe.interfaces.stage:Stage")
 
-#: benchmarks (``platform bench <name>``): modules with ``add_arguments(parser)`` and ``run(args)``, the core's
-#: (:data:`specmoe.bench.BENCHES`) and those a plugin declares in the entry-point group ``specmoe.benches``
-benches: ModuleRegistry = ModuleRegistry("bench", "specmoe.benches", ("add_arguments", "run"),
-                                         builtin="specmoe.bench:BENCHES")
+#: benchmarks (``platform bench <name>``): modules with ``add_arguments(parser)`` and ``run(args)``, declared in the
+#: entry-point group ``specmoe.benches`` (the built-in ones too)
+benches: ModuleRegistry = ModuleRegistry("bench", "specmoe.benches", ("add_arguments", "run"))
 
 #: plugin subcommands of the ``platform`` CLI (``platform <name> ...``): modules with ``add_parser(subparsers)``
 #: and ``run(args)``, declared in the entry-point group ``specmoe.commands`` (the core's are in

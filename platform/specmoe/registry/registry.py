@@ -1,19 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """A generic, lazy plugin registry: one instance per component kind.
 
-Plugins arrive three ways, all lazy until :meth:`Registry.get`:
-
-* decorator: ``@selectors.register("mine")`` on a class;
-* lazy string: ``selectors.register("mine", target="my_pkg.mod:MySelector")``;
-* Python entry points in the group ``specmoe.<kind>s`` (built-ins are declared there too).
-
-A recipe may also name a class directly as ``"pkg.mod:Class"``.
-
-Where a recipe or a command names no plugin of a kind, the one it takes comes from the entry-point group
-``specmoe.defaults`` (:meth:`Registry.default`): an entry ``<kind>`` (or ``<kind>.<role>``, a second default for
-a purpose, e.g. ``selector.experts``: the selector that prices experts) whose value is the default plugin's own
-entry-point value. The core names no plugin: the distribution that ships the plugins says which are the defaults.
-"""
+Plugins come from ``@reg.register("name")``, ``reg.register("name", target="pkg.mod:Class")`` or entry points of
+``specmoe.<kind>s`` (built-ins too), imported only by :meth:`Registry.get`; a recipe may also name ``"pkg.mod:Class"``.
+Defaults come from ``specmoe.defaults`` (:meth:`Registry.default`); the core names no plugin."""
 
 from __future__ import annotations
 
@@ -104,13 +94,8 @@ class _Entry:
 
 
 class Registry(Generic[T]):
-    """Registry of one component kind.
-
-    Args:
-        kind: singular kind name, e.g. ``"selector"``.
-        base: the interface every plugin must subclass, as a class or a lazy ``"mod:Class"`` string.
-        group: entry-point group; defaults to ``"specmoe.<kind>s"``.
-    """
+    """Registry of one ``kind`` (singular, e.g. ``"selector"``) whose plugins subclass ``base`` (a class or a lazy
+    ``"mod:Class"``), discovered from the entry-point ``group`` (default ``"specmoe.<kind>s"``)."""
 
     def __init__(self, kind: str, base: type | str, group: str | None = None) -> None:
         self.kind = kind
@@ -122,7 +107,6 @@ class Registry(Generic[T]):
         self._discovered = False
         self._lock = threading.RLock()
 
-    # ------------------------------------------------------------------ registration
     def register(self, name: str, target: type | str | None = None, *, origin: str | None = None,
                  override: bool = False) -> Callable[[type], type] | None:
         """Register ``target`` under ``name``; without ``target`` this is a class decorator."""
@@ -157,10 +141,8 @@ class Registry(Generic[T]):
             self._entries.pop(key, None)
             self._loaded.pop(key, None)
 
-    # ------------------------------------------------------------------ discovery
     def _discover(self) -> None:
-        """Read the entry points of :attr:`group`. Two distributions declaring one name under different
-        classes make that name unusable (reported once, naming both); every other plugin stays usable."""
+        """Read :attr:`group`'s entry points; a name declared for different classes is unusable (warned once)."""
         if self._discovered:
             return
         self._discovered = True
@@ -192,8 +174,7 @@ class Registry(Generic[T]):
             return sorted(self._conflicts)
 
     def _snapshot(self) -> tuple:
-        """What :meth:`_restore` puts back (tests only: a test that clears or adds plugins restores the
-        registry, so plugins registered by decorator at import time survive it)."""
+        """What :meth:`_restore` puts back (tests only: keeps import-time registrations across a test)."""
         with self._lock:
             return dict(self._entries), {k: list(v) for k, v in self._conflicts.items()}, dict(self._loaded), \
                 self._discovered
@@ -216,7 +197,6 @@ class Registry(Generic[T]):
             self._loaded.clear()
             self._discovered = False
 
-    # ------------------------------------------------------------------ lookup
     @property
     def base(self) -> type:
         if isinstance(self._base, str):
@@ -236,8 +216,7 @@ class Registry(Generic[T]):
         return f"{entry.target_str} ({entry.origin})"
 
     def entries(self) -> list[tuple[str, str, str]]:
-        """``(name, target, origin)`` for every registered plugin, sorted by name (a name declared by several
-        distributions shows every declaration)."""
+        """``(name, target, origin)`` per plugin, sorted by name (a conflicting name: each declaration)."""
         rows = []
         for n in self.names():
             for e in self._conflicts.get(n, [self._entries[n]]):
@@ -246,9 +225,7 @@ class Registry(Generic[T]):
         return rows
 
     def distribution(self, name: str) -> Optional[tuple[str, str]]:
-        """``(distribution, version)`` that provides plugin ``name`` (a registry key or ``pkg.mod:Class``):
-        the entry point's distribution, else the distribution holding the class's top-level module;
-        ``None`` when it is not installed from a distribution (e.g. a recipe's ``imports:`` file)."""
+        """``(distribution, version)`` of plugin ``name``'s entry point or module; ``None`` for ``imports:`` files."""
         key = normalize_name(name)
         with self._lock:
             self._discover()
@@ -277,10 +254,8 @@ class Registry(Generic[T]):
                 f"A class can also be named as 'package.module:Class'.")
 
     def default(self, role: str = "") -> str:
-        """The registry name of this kind's default plugin (``role``: a named default beside the plain one), from
-        the entry point ``<kind>[.<role>]`` of the group :data:`DEFAULTS_GROUP`, whose value is that plugin's
-        entry-point value (``"pkg.mod:Class"``). Raises :class:`RegistryError` when no installed distribution
-        declares it, when several declare different ones, or when no registered plugin has that value."""
+        """Name of the plugin whose ``"pkg.mod:Class"`` the entry point ``<kind>[.<role>]`` of :data:`DEFAULTS_GROUP`
+        declares. Raises :class:`RegistryError` when none, several or an unregistered one are declared."""
         key = f"{self.kind}.{role}" if role else self.kind
         values = sorted({ep.value for ep in importlib.metadata.entry_points(group=DEFAULTS_GROUP) if ep.name == key})
         what = f"default {self.kind}" + (f" ({role})" if role else "")
@@ -297,8 +272,7 @@ class Registry(Generic[T]):
         return found[0]
 
     def defaults(self) -> dict[str, str]:
-        """``{role: name}`` of every default of this kind that names a registered plugin (``""``: the plain
-        default); what :meth:`default` gives, without its errors (``platform ls`` marks them)."""
+        """``{role: name}`` (``""``: the plain default) of the valid defaults of this kind, without errors."""
         out: dict[str, str] = {}
         for ep in importlib.metadata.entry_points(group=DEFAULTS_GROUP):
             kind, _, role = ep.name.partition(".")
@@ -333,28 +307,11 @@ class Registry(Generic[T]):
 
 
 class ModuleRegistry(Registry):
-    """Registry whose plugins are *modules* (benchmarks), not classes.
+    """Registry whose plugins are *modules* (``"pkg.mod"``, e.g. benchmarks) defining every callable in ``required``."""
 
-    An entry is ``"pkg.mod"`` (an entry point's value without ``:attr``) and must define every name in
-    ``required`` (``add_arguments(parser)`` and ``run(args)`` for a benchmark). Lookup, discovery, conflicts and
-    unknown-name messages are those of :class:`Registry`.
-    """
-
-    def __init__(self, kind: str, group: str, required: tuple[str, ...], builtin: str | None = None) -> None:
+    def __init__(self, kind: str, group: str, required: tuple[str, ...]) -> None:
         super().__init__(kind, base=object, group=group)
         self.required = required
-        self._builtin = builtin  # "pkg.mod:TABLE", a {name: module} dict read at discovery (lazily)
-
-    def _discover(self) -> None:
-        """The built-in table first, then the entry points (a plugin reusing a built-in name is a conflict)."""
-        if self._discovered:
-            return
-        if self._builtin is not None:
-            table = import_object(self._builtin)
-            for name, module in table.items():
-                self._entries[normalize_name(name)] = _Entry(normalize_name(name), module,
-                                                            f"built in ({self._builtin.partition(':')[0]})")
-        super()._discover()
 
     def get(self, name: str) -> Any:  # type: ignore[override]
         """The module registered as ``name``, imported now."""

@@ -58,6 +58,7 @@ _UNION = "specmoe_plugins.verifiers.union"
 _TINY = "specmoe_plugins.targets.tiny"
 _HF = "specmoe_plugins.targets.hf"
 _VLLM = "specmoe_plugins.peers.vllm"
+_BENCHES = "specmoe_plugins.benches"
 
 #: old module -> (new module, the names it keeps, where to import them from: ``None`` is the new module,
 #: :func:`moved_names`). Names ``None``: the new module's ``__all__`` (read when the alias is imported; core only).
@@ -129,6 +130,17 @@ MOVED: dict[str, tuple[str, list[str] | None, str | None]] = {
     "specmoe.training.tokenizer": (f"{_TINY}.tokenizer",
                                    ["BOS", "EOS", "PAD", "CHAT_TEMPLATE", "DOCUMENT_TEMPLATE", "train_bpe_tokenizer",
                                     "load_tokenizer", "render_exchange"], None),
+    # the engine's own benchmarks became built-in bench plugins (their shared parts stay in specmoe.bench)
+    "specmoe.bench.engine": (f"{_BENCHES}.engine.bench",
+                             ["add_arguments", "run", "measure", "DEMO", "run_on_target", "count_step_ops",
+                              "verifier_times"], None),
+    "specmoe.bench.roofline": (f"{_BENCHES}.engine.roofline",
+                               ["read_bandwidth", "module_bytes", "target_dense_bytes", "kv_bytes_per_slot",
+                                "verify_bytes", "prune_cost"], None),
+    "specmoe.bench.breakdown": (f"{_BENCHES}.engine.breakdown", ["verify_breakdown"], None),
+    "specmoe.bench.tree": (f"{_BENCHES}.tree", ["add_arguments", "run", "measure", "parse_shapes"], None),
+    "specmoe.bench.selector": (f"{_BENCHES}.selector",
+                               ["add_arguments", "run", "CASES", "random_case", "build_selectors", "measure"], None),
     "specmoe.bench.peer": (f"{_VLLM}.bench", ["add_arguments", "run", "measure", "agreement", "check_draft"], None),
     "specmoe.peer.export": (f"{_VLLM}.export",
                             ["FORMAT", "read_token_table", "read_cost_model", "acceptance_from_run", "fit_vllm_steps",

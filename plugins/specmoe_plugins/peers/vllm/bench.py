@@ -9,7 +9,7 @@ rendered to token ids by specmoe's tokenizer and given to vLLM as ids), greedy, 
   :mod:`specmoe_plugins.peers.vllm.vllm_runner`: no speculation and EAGLE-3 with 1..``--max-drafts`` draft tokens;
 * **specmoe**: ``ar``, EAGLE-3 chains of n drafts (``budget = n + 1, steps = n, top_k = 1``) for the same n,
   trees at γ 4 and 5 from the top-2 pool and at γ 4, 5 and 6 from the width-1 pool (``--tree-shapes``) with
-  ``confidence`` and ``ecospec``, raw and calibrated (:func:`specmoe.bench.tree.measure`), and ``goodput`` (the
+  ``confidence`` and ``ecospec``, raw and calibrated (``platform bench tree``'s ``measure``), and ``goodput`` (the
   largest tree's pool and budget as γ_max, the online cost model from its uncalibrated prior, as ``platform bench
   goodput`` builds it without a cost model).
 
@@ -72,6 +72,8 @@ DEFAULT_TREES = "tree4=4/3/2,tree5=5/4/2,tree4w1=4/3/2/1,tree5w1=5/4/2/1,tree6w1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from specmoe.bench.target import add_prompt_arguments
+
     p.add_argument("--target", help="target checkpoint directory (HF save_pretrained, with a tokenizer)")
     p.add_argument("--drafter-path", help="EAGLE-3 draft directory (specmoe's export: config.json + "
                                           "model.safetensors), read by both engines")
@@ -107,7 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperatures", default="0", help="vLLM sampling temperatures, e.g. 0,1")
     p.add_argument("--predictor", default="router_on_embedding", help="expert predictor of ecospec / goodput")
     p.add_argument("--predictor-path", default=None)
-    _prompt_arguments(p)
+    add_prompt_arguments(p)  # the same prompt options as bench tree: both choose prompts alike
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--passes", type=int, default=2, help="alternating passes per engine; the faster is kept")
     p.add_argument("--threads", type=int, default=1, help="threads per engine (torch; vLLM's OMP_NUM_THREADS)")
@@ -118,18 +120,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep vLLM's request / output files and the plugin's policies in this folder (default: a "
                         "temporary one), e.g. to refit the plugin's step cost offline (platform peer export-policy "
                         "--vllm-run DIR/vllm_out_0.json)")
-
-
-def _prompt_arguments(p: argparse.ArgumentParser) -> None:
-    """bench tree's prompt options (dataset, format, data dir, count, random prompts, seed), the same for both
-    engines: copied from its parser so that the two benchmarks choose prompts alike."""
-    from specmoe.bench import tree
-
-    src = argparse.ArgumentParser(add_help=False)
-    tree.add_arguments(src)
-    for a in src._actions:
-        if a.dest in ("dataset", "format", "data_dir", "prompts", "random_prompts", "seed"):
-            p.add_argument(*a.option_strings, default=a.default, type=a.type, help=a.help)
 
 
 # ------------------------------------------------------------------ input checks
@@ -180,8 +170,10 @@ def _vllm_python(args: argparse.Namespace) -> str:
 
 
 def _check_args(args: argparse.Namespace) -> list[str]:
-    from specmoe.bench.tree import parse_shapes
     from specmoe.errors import UserError
+    from specmoe.registry import benches
+
+    parse_shapes = benches.get("tree").parse_shapes  # bench tree's --shapes, through the registry
 
     engines = _engines(args)
     for name in ("max_drafts", "passes", "threads", "new_tokens", "prompts"):
@@ -391,12 +383,14 @@ def _own_loop(fn: Any, prompts: list[list[int]], depth: int) -> dict[str, Any]:
 
 def run_specmoe(target: Any, args: argparse.Namespace, prompts: list[list[int]]) -> dict[str, dict[str, Any]]:
     """One pass of specmoe: ar, chains of 1..max_drafts, bench tree's trees, goodput."""
-    from specmoe.bench import tree
     from specmoe.bench.drafters import bench_drafter
+    from specmoe.bench.target import bench_prompts
     from specmoe.decoding.ar import ar_generate
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.decoding.stopping import StopRule
-    from specmoe.registry import drafters, predictors, selectors, verifiers
+    from specmoe.registry import benches, drafters, predictors, selectors, verifiers
+
+    tree = benches.get("tree")  # bench tree measures specmoe's trees (reached through the registry)
 
     if getattr(args, "verifier", ""):
         verifiers.get(args.verifier)().install(target)
@@ -444,7 +438,7 @@ def run_specmoe(target: Any, args: argparse.Namespace, prompts: list[list[int]])
         # (without this, 2-3 s of the first timed generation: goodput@6 179 against 293 tok/s warm) and goodput's
         # models see the regime once, not the prompts they are timed on
         n_warm = max(getattr(args, "warmup", 4), 1)
-        for i, p in enumerate(tree._prompts(target, targs, n_warm)[targs.prompts:]):
+        for i, p in enumerate(bench_prompts(target, targs, n_warm)[targs.prompts:]):
             run(p, i)
         r = _own_loop(run, prompts, steps)
         rows[f"specmoe/goodput@{budget}"] = {**r, "gamma": budget}
@@ -589,10 +583,10 @@ def measure(target: Any, args: argparse.Namespace) -> dict[str, Any]:
     vs_vllm_best; and the run's settings."""
     import torch
 
-    from specmoe.bench.tree import _prompts
+    from specmoe.bench.target import bench_prompts
 
     engines = _engines(args)
-    prompts = _prompts(target, argparse.Namespace(
+    prompts = bench_prompts(target, argparse.Namespace(
         random_prompts=args.random_prompts, prompts=args.prompts, seed=args.seed, dataset=args.dataset,
         format=args.format, data_dir=args.data_dir))
     best: dict[str, dict[str, Any]] = {}

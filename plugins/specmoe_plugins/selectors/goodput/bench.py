@@ -142,6 +142,6 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specmoe.bench.engine import run_on_target
+    from specmoe.bench.target import run_on_target
 
     return run_on_target(args, "goodput", measure, _report)

@@ -65,9 +65,9 @@ def verify_breakdown(target: Target, *, context: int, tokens: int, repeats: int 
                      clock: Callable[[], float] = time.perf_counter, seed: int = 2) -> dict[str, Any]:
     """Mean milliseconds per verification pass (``tokens`` new tokens in a chain over ``context`` cached ones)
     of every part, with the bytes each part read and its bandwidth."""
-    from specmoe.bench.roofline import kv_bytes_per_slot
     from specmoe.decoding.analysis import experts_per_layer
     from specmoe.interfaces.tree import DraftTree
+    from specmoe_plugins.benches.engine.roofline import kv_bytes_per_slot
 
     dev = target.device
     gen = torch.Generator().manual_seed(seed)

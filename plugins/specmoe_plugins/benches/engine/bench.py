@@ -5,7 +5,7 @@ On the demo architecture (default: a random-init GPT-OSS with the demo's shapes;
 it measures, in one run:
 
 * the device's read bandwidth, and per speculative step the bytes its verification must read (dense weights,
-  the union of routed experts, the KV cache; :mod:`specmoe.bench.roofline`) and the drafter's / predictor's own
+  the union of routed experts, the KV cache; :mod:`.roofline`) and the drafter's / predictor's own
   reads: T_verify / roofline, and the whole step / (verification + drafter + predictor) roofline;
 * the phases of a step (draft, predictor, selection, verification, the rest = engine overhead) as fractions;
 * aten operations and host synchronisations per step, by phase (:mod:`specmoe.bench.opcount`; a separate run);
@@ -20,11 +20,12 @@ Timings are medians over ``--repeats`` interleaved rounds after a warm-up round.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from specmoe.bench.target import DEMO, run_on_target
 
 if TYPE_CHECKING:
     from specmoe.bench.opcount import OpCounts
@@ -34,13 +35,8 @@ if TYPE_CHECKING:
     from specmoe.interfaces.target import Target
     from specmoe.interfaces.verifier import Verifier
 
-__all__ = ["add_arguments", "run", "measure", "DEMO", "run_on_target"]
+__all__ = ["add_arguments", "run", "measure", "count_step_ops", "verifier_times", "DEMO", "run_on_target"]
 
-#: the demo target's architecture (``recipes/tiny_gsm8k.yaml``)
-DEMO: dict[str, Any] = dict(arch="gpt_oss", seed=0, hidden_size=256, intermediate_size=384, num_hidden_layers=4,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=32,
-                            num_experts_per_tok=4, sliding_window=128, initializer_range=0.02, vocab_size=4096,
-                            tie_word_embeddings=False)
 _PHASES = ("draft", "pred", "select", "verify", "rest")  # "analysis" (after the timed region) is not counted
 
 
@@ -191,12 +187,12 @@ def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     """Every measurement of the module docstring; returns a flat dict of results."""
     import torch
 
-    from specmoe.bench import roofline
-    from specmoe.bench.breakdown import verify_breakdown
     from specmoe.decoding.ar import ar_generate
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.decoding.stopping import StopRule
     from specmoe.registry import verifiers
+    from specmoe_plugins.benches.engine import roofline
+    from specmoe_plugins.benches.engine.breakdown import verify_breakdown
 
     resolve_defaults(args)
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
@@ -283,10 +279,10 @@ def verifier_times(target: Target, args: argparse.Namespace, clock: Callable[[],
     implementation, with its roofline ratio (same routing for all)."""
     import torch
 
-    from specmoe.bench import roofline
     from specmoe.decoding.analysis import experts_per_layer
     from specmoe.interfaces.tree import DraftTree
     from specmoe.registry import verifiers
+    from specmoe_plugins.benches.engine import roofline
 
     dev = target.device
     names = [n for n in args.verifiers.split(",") if n]
@@ -376,31 +372,6 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
                  f"{b['attention_ms']:.2f} ms (KV {b['kv_mb']:.1f} MB) + routers {b['router_ms']:.2f} ms + the rest "
                  f"(norms, rotary, masks, module calls) {b['other_ms']:.2f} ms")
     return "\n".join(lines)
-
-
-def run_on_target(args: argparse.Namespace, name: str, measure_fn: Callable[[Any, argparse.Namespace], dict],
-                  report: Callable[[dict, argparse.Namespace], str]) -> int:
-    """Set threads, check the clock, load ``--target`` (default: the demo architecture, random weights), run
-    ``measure_fn``, print ``report`` and write ``--json``: the common body of the target benchmarks."""
-    import torch
-
-    from specmoe.errors import UserError
-    from specmoe.registry import targets
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.clock == "thread" and torch.get_num_threads() != 1:
-        raise UserError(f"bench {name}: --clock thread measures this thread's CPU time: add --threads 1")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cls = targets.get(targets.default())
-    target = cls(path=args.target, device=device, dtype=args.dtype) if args.target else \
-        cls(tiny=dict(DEMO), cache_dir=args.cache_dir, device=device, dtype=args.dtype)
-    r = measure_fn(target, args)
-    print(report(r, args))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(r, fh, indent=2, default=str)
-    return 0
 
 
 def run(args: argparse.Namespace) -> int:

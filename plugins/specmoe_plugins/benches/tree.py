@@ -23,7 +23,6 @@ implementation for every method (default: the model's own). On a shared CPU mach
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,8 @@ DEFAULT_SHAPES = "chain3=4/3/1,chain4=5/4/1,tree4=4/3/2,tree5=5/4/2,tree4w1=4/3/
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from specmoe.bench.target import add_prompt_arguments
+
     p.add_argument("--target", help="checkpoint directory (default: the demo architecture, random weights)")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
     p.add_argument("--dtype", default="float32")
@@ -48,16 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                      "registry's default selector and its one that prices experts)")
     p.add_argument("--shapes", default=DEFAULT_SHAPES,
                    help="name=budget/steps/top_k[/frontier], comma-separated (frontier: the drafter's option)")
-    p.add_argument("--dataset", default=None, help="default: the registry's default dataset")
-    p.add_argument("--format", default="zeroshot", help="the dataset's prompt format option ('' to leave as is)")
-    p.add_argument("--data-dir", default=None, help="default: $SPECMOE_DATA_DIR")
-    p.add_argument("--prompts", type=int, default=16)
+    add_prompt_arguments(p)
     p.add_argument("--warmup", type=int, default=4,
                    help="untimed generations per method before the measured prompts (other prompts of the dataset)")
     p.add_argument("--verifier", default="", help="verifier plugin installed for every method ('' = the model's own)")
-    p.add_argument("--random-prompts", type=int, default=0,
-                   help="instead of the dataset: random token prompts of this length (a target without a tokenizer)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompt subset")
     p.add_argument("--new-tokens", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
@@ -101,43 +96,12 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def _prompts(target: Target, args: argparse.Namespace, extra: int = 0) -> list[list[int]]:
-    """The measured prompts (``args.prompts`` of the source), then ``extra`` others of the same source (the
-    warm-up's): the measured ones are the same whatever ``extra`` is."""
-    import torch
-
-    from specmoe.data.render import render_prompt
-    from specmoe.errors import UserError
-    from specmoe.registry import datasets
-
-    if args.random_prompts > 0:
-        g = torch.Generator().manual_seed(args.seed)
-        return [torch.randint(0, target.vocab_size, (args.random_prompts,), generator=g).tolist()
-                for _ in range(args.prompts + extra)]
-    if target.tokenizer is None:
-        raise UserError("bench tree: the target has no tokenizer to render the prompts with; give --target a "
-                        "trained checkpoint directory (the demo's .specmoe_cache/stages/pretrain_target-*) or use "
-                        "--random-prompts LENGTH")
-
-    opts: dict[str, Any] = {"seed": args.seed}
-    if args.format:
-        opts["format"] = args.format
-    if args.data_dir or os.environ.get("SPECMOE_DATA_DIR"):
-        opts["data_dir"] = args.data_dir or os.environ["SPECMOE_DATA_DIR"]
-    dataset = datasets.get(args.dataset or datasets.default())
-    samples = dataset(**opts, limit=args.prompts).load()
-    if extra:
-        ids = {s.id for s in samples}
-        more = dataset(**opts, limit=args.prompts + extra).load()
-        samples = samples + [s for s in more if s.id not in ids][:extra]
-    return [render_prompt(target.tokenizer, s) for s in samples]
-
-
 def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     """Per method: tokens per step, tokens/s, acceptance per position, verified tokens and phase seconds per step."""
     import torch
 
     from specmoe.bench.drafters import bench_drafter
+    from specmoe.bench.target import bench_prompts
     from specmoe.decoding.engine import SpeculativeEngine
     from specmoe.decoding.stopping import StopRule
     from specmoe.registry import drafters, predictors, selectors, verifiers
@@ -151,7 +115,7 @@ def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     pred = predictors.get(args.predictor)(**({"path": args.predictor_path} if args.predictor_path else {}))
     pred.setup(target)
     n_warm = max(int(getattr(args, "warmup", 4)), 0)
-    everything = _prompts(target, args, n_warm)
+    everything = bench_prompts(target, args, n_warm)
     prompts, warm = everything[:args.prompts], everything[args.prompts:]
     shapes = parse_shapes(args.shapes)
     chain_selector = selectors.default()  # a chain is verified whole: the plain selector, raw only
@@ -230,6 +194,6 @@ def _report(r: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specmoe.bench.engine import run_on_target
+    from specmoe.bench.target import run_on_target
 
     return run_on_target(args, "tree", measure, _report)
